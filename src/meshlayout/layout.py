@@ -1,0 +1,589 @@
+"""CuTe-style layouts in the lexicographic (row-major) convention.
+
+A :class:`Layout` is a function from coordinates to integers, written
+``shape:stride``. The *last* mode varies fastest, as in numpy and PyTorch, so
+the compact layout of shape ``(2, 4)`` is ``(2,4):(4,1)``:
+
+>>> L = Layout((2, 4))
+>>> L
+(2,4):(4,1)
+>>> [L(i) for i in range(L.size())]
+[0, 1, 2, 3, 4, 5, 6, 7]
+>>> L((1, 2))
+6
+>>> Layout((2, 4), (1, 2)).indices().tolist()
+[0, 2, 4, 6, 1, 3, 5, 7]
+
+The algebra (composition, complement, inverses, divide and product) follows
+CUTLASS's CuTe, mirrored to row-major: where CuTe writes ``(tile, rest)`` we
+write ``(rest, tile)`` so that each *row* of a divided layout is one tile.
+Every precondition is checked; a violated one raises ``ValueError`` naming the
+layouts and the rule, never a silently wrong layout:
+
+>>> logical_divide(Layout(24), Layout(4))
+(6,4):(4,1)
+>>> Layout((2, 3), (6, 1)).compose(Layout(4))
+Traceback (most recent call last):
+...
+ValueError: cannot compose (2,3):(6,1) ∘ 4:1: shape divisibility: 4 elements of stride 1 \
+must fill whole modes of (2,3):(6,1) or end inside one, but the mode 3:1 holds 3 \
+(and 4 % 3 != 0)
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .inttuple import (
+    IntTuple,
+    check_int_tuple,
+    congruent,
+    flatten,
+    product,
+    suffix_product,
+    unflatten_like,
+)
+
+__all__ = ["Layout", "logical_divide", "logical_product", "make_layout"]
+
+Mode = tuple[int, int]  # (size, stride) of one flat mode
+
+
+def _fmt(t: IntTuple) -> str:
+    if isinstance(t, int):
+        return str(t)
+    return "(" + ",".join(_fmt(e) for e in t) + ")"
+
+
+class Layout:
+    """An immutable ``shape:stride`` function from coordinates to integers.
+
+    ``shape`` and ``stride`` are ints or nested tuples of the same structure;
+    both are normalised to tuples (``Layout(8).shape == (8,)``). The default
+    stride is compact row-major (suffix products of the flattened shape).
+    ``==`` and ``hash`` are structural; :meth:`equivalent` compares functions.
+
+    >>> Layout(((2, 3), 4))
+    ((2,3),4):((12,4),1)
+    >>> Layout((2, 3), (6, 1)).cosize()
+    9
+    """
+
+    __slots__ = ("_hash", "shape", "stride")
+
+    shape: tuple[IntTuple, ...]
+    stride: tuple[IntTuple, ...]
+
+    def __init__(self, shape: Any, stride: Any = None) -> None:
+        sh = check_int_tuple(shape, "Layout shape")
+        if isinstance(sh, int):
+            sh = (sh,)
+        bad = [s for s in flatten(sh) if s <= 0]
+        if bad:
+            raise ValueError(
+                f"Layout shape {_fmt(sh)} has non-positive sizes {bad}; every size must be >= 1"
+            )
+        if stride is None:
+            st: IntTuple = unflatten_like(suffix_product(flatten(sh)), sh)
+        else:
+            st = check_int_tuple(stride, "Layout stride")
+            if isinstance(st, int):
+                st = (st,)
+            if not congruent(sh, st):
+                raise ValueError(
+                    f"Layout shape {_fmt(sh)} and stride {_fmt(st)} do not have the same "
+                    "structure; give one stride per size, nested the same way"
+                )
+            neg = [d for d in flatten(st) if d < 0]
+            if neg:
+                raise ValueError(
+                    f"Layout stride {_fmt(st)} has negative entries {neg}; strides must be >= 0"
+                )
+        assert isinstance(st, tuple)
+        object.__setattr__(self, "shape", sh)
+        object.__setattr__(self, "stride", st)
+        object.__setattr__(self, "_hash", hash((sh, st)))
+
+    # ------------------------------------------------------------------ value object
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Layout is immutable; cannot set {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Layout):
+            return NotImplemented
+        return self.shape == other.shape and self.stride == other.stride
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Layout, (self.shape, self.stride))
+
+    def __repr__(self) -> str:
+        if len(self.shape) == 1 and isinstance(self.shape[0], int):
+            return f"{self.shape[0]}:{self.stride[0]}"
+        return f"{_fmt(self.shape)}:{_fmt(self.stride)}"
+
+    __str__ = __repr__
+
+    @classmethod
+    def parse(cls, text: str) -> Layout:
+        """Read a layout from its ``repr``, e.g. ``"(2,4):(4,1)"`` or ``"8"``.
+
+        >>> Layout.parse("(2,(3,4)):(12,(4,1))")
+        (2,(3,4)):(12,(4,1))
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"Layout.parse expects a str, got {type(text).__name__}")
+        parts = text.replace(" ", "").split(":")
+        if len(parts) not in (1, 2) or not all(parts):
+            raise ValueError(f"cannot parse layout {text!r}; expected 'shape:stride' or 'shape'")
+        try:
+            values = [ast.literal_eval(p) for p in parts]
+        except (ValueError, SyntaxError) as exc:
+            raise ValueError(f"cannot parse layout {text!r}: {exc}") from None
+        return cls(*values)
+
+    # ------------------------------------------------------------------ structure
+    def __len__(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, i: int | slice) -> Layout:
+        if isinstance(i, slice):
+            return Layout(self.shape[i], self.stride[i])
+        if not isinstance(i, int) or isinstance(i, bool):
+            raise TypeError(f"Layout index must be an int or slice, got {i!r}")
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"mode {i} out of range for {self!r} with {len(self)} modes")
+        return Layout(self.shape[i], self.stride[i])
+
+    def __iter__(self) -> Iterator[Layout]:
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def modes(self) -> tuple[Mode, ...]:
+        """The flat ``(size, stride)`` pairs, slowest first."""
+        return tuple(zip(flatten(self.shape), flatten(self.stride)))
+
+    def size(self) -> int:
+        """Number of coordinates: the product of the shape."""
+        return product(self.shape)
+
+    def cosize(self) -> int:
+        """Largest value plus one: ``L(size - 1) + 1`` for non-negative strides."""
+        return sum((s - 1) * d for s, d in self.modes) + 1
+
+    # ------------------------------------------------------------------ evaluation
+    def __call__(self, coord: Any) -> int:
+        """Evaluate at a linear index (row-major) or a (nested) coordinate tuple."""
+        return _eval(self.shape, self.stride, coord, self)
+
+    def indices(self) -> npt.NDArray[np.int64]:
+        """All values ``L(i)`` for ``i`` in ``range(size)`` as a read-only int64 array.
+
+        Vectorised: one numpy broadcast per (coalesced) mode, no Python loop per
+        element. The array is cached and shared; copy it before writing.
+        """
+        return _indices(self.coalesce())
+
+    # ------------------------------------------------------------------ simplification
+    def flatten(self) -> Layout:
+        """The same function with one level of modes: ``((2,3),4) -> (2,3,4)``."""
+        return Layout(flatten(self.shape), flatten(self.stride))
+
+    def coalesce(self) -> Layout:
+        """The same function with the fewest flat modes.
+
+        >>> Layout((2, 1, 4), (4, 7, 1)).coalesce()
+        8:1
+        """
+        return _coalesce(self)
+
+    def filter(self) -> Layout:
+        """Coalesce after dropping stride-0 (broadcast) modes: the image as a layout.
+
+        >>> Layout((2, 3, 4), (0, 4, 1)).filter()
+        12:1
+        """
+        return _coalesce(Layout(*_pack([(s, d) for s, d in self.modes if d != 0])))
+
+    # ------------------------------------------------------------------ algebra
+    def compose(self, other: Layout | int | tuple[Any, ...]) -> Layout:
+        """``A ∘ B``: the layout with ``(A∘B)(i) == A(B(i))`` for every ``i``.
+
+        ``other`` may be a Layout, an int ``n`` (meaning ``n:1``) or a tuple of
+        tilers applied mode by mode. The result has the structure of ``B``.
+        Raises ``ValueError`` when B leaves A's domain, when a stride or shape
+        of B does not divide A's modes, or when B's modes overlap.
+
+        >>> Layout((4, 6)).compose(Layout((3, 2), (2, 1)))
+        (3,2):(2,1)
+        >>> Layout((4, 6)).compose(Layout(4, 6))
+        4:6
+        """
+        if isinstance(other, tuple):
+            return _compose_by_mode(self, other)
+        return _compose(self, _as_layout(other, "compose"))
+
+    def __matmul__(self, other: Layout) -> Layout:
+        return self.compose(other)
+
+    def complement(self, cotarget: int | None = None) -> Layout:
+        """The layout that tiles ``[0, cotarget)`` together with this one.
+
+        Requires an injective, admissible layout (modes sorted by stride, each
+        stride divisible by the previous size×stride). The result is sorted
+        slowest first, increasing, disjoint from the image of ``self``, and
+        ``make_layout(complement, self)`` covers ``[0, cotarget)``.
+        Default cotarget: ``cosize()``.
+
+        >>> Layout(4, 1).complement(24)
+        6:4
+        >>> Layout((2, 2), (8, 2)).complement(32)
+        (2,2,2):(16,4,1)
+        """
+        if cotarget is None:
+            cotarget = self.cosize()
+        if isinstance(cotarget, bool) or not isinstance(cotarget, (int, np.integer)):
+            raise TypeError(f"complement cotarget must be an int, got {cotarget!r}")
+        if cotarget < 1:
+            raise ValueError(f"complement cotarget must be >= 1, got {cotarget}")
+        return _complement(self, int(cotarget))
+
+    def right_inverse(self) -> Layout:
+        """The largest ``R`` with ``self(R(i)) == i`` for every ``i < size(R)``.
+
+        >>> Layout((4, 2), (1, 4)).right_inverse()
+        (2,4):(1,2)
+        """
+        return _right_inverse(self)
+
+    def left_inverse(self) -> Layout:
+        """A layout ``L`` with ``L(self(i)) == i`` for every ``i < size(self)``.
+
+        Requires an injective, admissible layout.
+
+        >>> Layout((2, 3), (1, 2)).left_inverse()(Layout((2, 3), (1, 2))(4))
+        4
+        """
+        return _left_inverse(self)
+
+    def is_injective(self) -> bool:
+        """No two coordinates map to the same index."""
+        return _is_injective(self)
+
+    def is_admissible(self) -> bool:
+        """Injective with strides that nest: sorted by stride, each divides the next span.
+
+        This is the precondition of :meth:`complement` and :meth:`left_inverse`.
+        """
+        return _admissibility_problem(self) is None
+
+    def equivalent(self, other: Layout) -> bool:
+        """Same function: same size and ``self(i) == other(i)`` for every ``i``."""
+        if not isinstance(other, Layout):
+            raise TypeError(f"equivalent expects a Layout, got {type(other).__name__}")
+        if self.size() != other.size():
+            return False
+        if self.coalesce() == other.coalesce():
+            return True
+        return bool(np.array_equal(self.indices(), other.indices()))
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _as_layout(x: Layout | int, op: str) -> Layout:
+    if isinstance(x, Layout):
+        return x
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        return Layout(int(x))
+    raise TypeError(f"{op} expects a Layout or an int, got {x!r} of type {type(x).__name__}")
+
+
+def _pack(modes: Sequence[Mode]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shape and stride tuples of flat modes; the empty list is the layout ``1:0``."""
+    if not modes:
+        return (1,), (0,)
+    return tuple(s for s, _ in modes), tuple(d for _, d in modes)
+
+
+def make_layout(*layouts: Layout) -> Layout:
+    """Concatenate layouts as the top-level modes of one layout (first is slowest).
+
+    >>> make_layout(Layout(6, 4), Layout(4, 1))
+    (6,4):(4,1)
+    >>> make_layout(Layout((2, 3)), Layout(4, 6))
+    ((2,3),4):((3,1),6)
+    """
+    shapes: list[IntTuple] = []
+    strides: list[IntTuple] = []
+    for lay in layouts:
+        if not isinstance(lay, Layout):
+            raise TypeError(f"make_layout expects Layouts, got {type(lay).__name__}")
+        if len(lay) == 1:
+            shapes.append(lay.shape[0])
+            strides.append(lay.stride[0])
+        else:
+            shapes.append(lay.shape)
+            strides.append(lay.stride)
+    return Layout(tuple(shapes), tuple(strides))
+
+
+def _eval(shape: IntTuple, stride: IntTuple, coord: Any, top: Layout) -> int:
+    if isinstance(coord, (tuple, list)):
+        if isinstance(shape, int) or len(coord) != len(shape):
+            raise ValueError(
+                f"coordinate {coord!r} does not match the modes of {top!r} (shape {_fmt(shape)})"
+            )
+        assert isinstance(stride, tuple)
+        return sum(_eval(s, d, c, top) for s, d, c in zip(shape, stride, coord))
+    if isinstance(coord, bool) or not isinstance(coord, (int, np.integer)):
+        raise TypeError(f"a layout coordinate must be an int or a tuple, got {coord!r}")
+    i = int(coord)
+    n = product(shape)
+    if not 0 <= i < n:
+        raise ValueError(f"coordinate {i} out of range [0, {n}) for mode {_fmt(shape)} of {top!r}")
+    value = 0
+    for s, d in reversed(list(zip(flatten(shape), flatten(stride)))):
+        value += (i % s) * d
+        i //= s
+    return value
+
+
+@functools.lru_cache(maxsize=64)
+def _indices(layout: Layout) -> npt.NDArray[np.int64]:
+    out = np.zeros(1, dtype=np.int64)
+    for s, d in layout.modes:
+        step = np.arange(s, dtype=np.int64) * d
+        out = (out[:, None] + step[None, :]).reshape(-1)
+    out.setflags(write=False)
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _coalesce(layout: Layout) -> Layout:
+    out: list[Mode] = []
+    for s, d in layout.modes:
+        if s == 1:
+            continue
+        if out and out[-1][1] == s * d:
+            out[-1] = (out[-1][0] * s, d)
+        else:
+            out.append((s, d))
+    return Layout(*_pack(out))
+
+
+def _nontrivial_sorted(layout: Layout) -> list[Mode]:
+    return sorted((m for m in layout.modes if m[0] > 1), key=lambda m: (m[1], m[0]))
+
+
+def _admissibility_problem(layout: Layout) -> str | None:
+    """Why ``layout`` is not admissible (None if it is)."""
+    span = 1
+    for s, d in _nontrivial_sorted(layout):
+        if d == 0:
+            return f"the mode {s}:0 repeats every index {s} times (stride 0)"
+        if d % span != 0:
+            return (
+                f"sorted by stride, the mode {s}:{d} does not start at a multiple of the "
+                f"span {span} of the smaller modes ({d} % {span} != 0)"
+            )
+        span = s * d
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_injective(layout: Layout) -> bool:
+    modes = _nontrivial_sorted(layout)
+    if any(d == 0 for _, d in modes):
+        return False
+    reach = 0  # largest value reachable by the smaller modes
+    for s, d in modes:
+        if d <= reach:
+            break
+        reach += (s - 1) * d
+    else:
+        return True
+    values = layout.indices()
+    return bool(np.unique(values).size == values.size)
+
+
+def _require_injective_admissible(layout: Layout, op: str) -> None:
+    if not _is_injective(layout):
+        raise ValueError(
+            f"{op} of {layout!r} is undefined: the layout is not injective "
+            "(two coordinates map to the same index)"
+        )
+    problem = _admissibility_problem(layout)
+    if problem is not None:
+        raise ValueError(f"{op} of {layout!r} is undefined: the layout is not admissible: {problem}")
+
+
+# ---------------------------------------------------------------------- composition
+
+
+def _compose_by_mode(a: Layout, tilers: tuple[Any, ...]) -> Layout:
+    if len(tilers) > len(a):
+        raise ValueError(f"cannot compose {a!r} by mode with {len(tilers)} tilers: it has {len(a)}")
+    parts = []
+    for i in range(len(a)):
+        if i < len(tilers) and tilers[i] is not None:
+            parts.append(a[i].compose(tilers[i]))
+        else:
+            parts.append(a[i])
+    return make_layout(*parts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _compose(a: Layout, b: Layout) -> Layout:
+    if b.cosize() > a.size():
+        raise ValueError(
+            f"cannot compose {a!r} ∘ {b!r}: domain: {b!r} reaches index {b.cosize() - 1} "
+            f"but {a!r} is defined on [0, {a.size()})"
+        )
+    flat_b = [m for m in b.modes if m[0] > 1 and m[1] != 0]
+    if len(flat_b) > 1:
+        problem = _admissibility_problem(Layout(*_pack(flat_b)))
+        if problem is not None:
+            raise ValueError(
+                f"cannot compose {a!r} ∘ {b!r}: the modes of {b!r} overlap "
+                f"(they must cover disjoint digit ranges): {problem}"
+            )
+    a_modes = a.coalesce().modes
+    flat_results = [_compose_mode(a, b, a_modes, s, d) for s, d in b.modes]
+    it = iter(flat_results)
+
+    def build(shape: IntTuple) -> tuple[IntTuple, IntTuple]:
+        if isinstance(shape, int):
+            modes = next(it)
+            if len(modes) == 1:
+                return modes[0]
+            return tuple(m[0] for m in modes), tuple(m[1] for m in modes)
+        pairs = [build(e) for e in shape]
+        return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+
+    shape, stride = build(b.shape)
+    return Layout(shape, stride)
+
+
+def _compose_mode(a: Layout, b: Layout, a_modes: tuple[Mode, ...], s: int, d: int) -> list[Mode]:
+    """Flat modes (slowest first) of ``a ∘ (s:d)``; ``a_modes`` coalesced, slowest first."""
+    if s == 1 or d == 0:
+        return [(s, 0)]
+    result: list[Mode] = []  # fastest first
+    rest_shape, rest_stride = s, d
+    for cs, cd in reversed(a_modes[1:]):  # every mode but the slowest, fastest first
+        if rest_shape == 1:
+            break
+        if rest_stride % cs == 0:
+            rest_stride //= cs
+            continue
+        if cs % rest_stride != 0:
+            raise ValueError(
+                f"cannot compose {a!r} ∘ {b!r}: stride divisibility: the stride {rest_stride} "
+                f"left of {s}:{d} neither divides nor is a multiple of the mode {cs}:{cd}"
+            )
+        available = cs // rest_stride
+        if rest_shape > available and rest_shape % available != 0:
+            raise ValueError(
+                f"cannot compose {a!r} ∘ {b!r}: shape divisibility: {rest_shape} elements of "
+                f"stride {rest_stride} must fill whole modes of {a!r} or end inside one, but "
+                f"the mode {cs}:{cd} holds {available} (and {rest_shape} % {available} != 0)"
+            )
+        take = min(available, rest_shape)
+        result.append((take, rest_stride * cd))
+        rest_shape //= take
+        rest_stride = 1
+    if rest_shape > 1:
+        cs, cd = a_modes[0]
+        result.append((rest_shape, rest_stride * cd))
+    modes = [m for m in reversed(result) if m[0] > 1]
+    return modes or [(1, 0)]
+
+
+# ---------------------------------------------------------------------- complement, inverses
+
+
+@functools.lru_cache(maxsize=4096)
+def _complement(a: Layout, cotarget: int) -> Layout:
+    _require_injective_admissible(a, "complement")
+    result: list[Mode] = []  # fastest first
+    current = 1
+    for s, d in _nontrivial_sorted(a):
+        gap = d // current
+        if gap > 1:
+            result.append((gap, current))
+        current = s * d
+    rest = -(-cotarget // current)
+    if rest > 1:
+        result.append((rest, current))
+    return _coalesce(Layout(*_pack(result[::-1])))
+
+
+@functools.lru_cache(maxsize=4096)
+def _right_inverse(a: Layout) -> Layout:
+    flat = a.coalesce()
+    shapes = tuple(s for s, _ in flat.modes)
+    domain_strides = suffix_product(shapes)
+    pairs = sorted(
+        (d, s, ds) for (s, d), ds in zip(flat.modes, domain_strides) if s > 1 and d > 0
+    )
+    result: list[Mode] = []  # fastest first
+    current = 1
+    for d, s, ds in pairs:
+        if d != current:
+            break
+        result.append((s, ds))
+        current *= s
+    return _coalesce(Layout(*_pack(result[::-1])))
+
+
+@functools.lru_cache(maxsize=4096)
+def _left_inverse(a: Layout) -> Layout:
+    _require_injective_admissible(a, "left_inverse")
+    return make_layout(a.complement(), a).right_inverse()
+
+
+# ---------------------------------------------------------------------- divide, product
+
+
+def logical_divide(a: Layout, tiler: Layout | int) -> Layout:
+    """Split ``a`` into tiles of ``tiler``: the two modes ``(rest, tile)``, tile last.
+
+    Each row of the result enumerates one tile (one group), so
+    ``logical_divide(24:1, 4:1)`` lists the groups ``[0..3], [4..7], …``:
+
+    >>> logical_divide(Layout(24), 4)
+    (6,4):(4,1)
+    >>> logical_divide(Layout(24), Layout(4, 6))
+    (6,4):(1,6)
+
+    Equals ``a ∘ make_layout(complement(tiler, size(a)), tiler)``.
+    """
+    if not isinstance(a, Layout):
+        raise TypeError(f"logical_divide expects a Layout first, got {type(a).__name__}")
+    b = _as_layout(tiler, "logical_divide")
+    rest = b.complement(a.size())
+    return make_layout(a.compose(rest), a.compose(b))
+
+
+def logical_product(a: Layout, tiler: Layout | int) -> Layout:
+    """Repeat ``a`` as laid out by ``tiler``: ``(complement(a, size(a)·cosize(tiler)) ∘ tiler, a)``.
+
+    >>> logical_product(Layout(4), 3)
+    (3,4):(4,1)
+    >>> logical_product(Layout((2, 2), (4, 1)), Layout(2))
+    (2,(2,2)):(2,(4,1))
+    """
+    if not isinstance(a, Layout):
+        raise TypeError(f"logical_product expects a Layout first, got {type(a).__name__}")
+    b = _as_layout(tiler, "logical_product")
+    rest = a.complement(a.size() * b.cosize())
+    return make_layout(rest.compose(b), a)
