@@ -1,0 +1,456 @@
+"""Mesh: named axes, each a flat layout over one shared, immutable rank map.
+
+A mesh maps coordinates to *positions* through one layout per named dim (its
+axis), and positions to global ranks through a :class:`RankMap` shared by every
+mesh derived from the same root. It is rank-agnostic: ``mesh["tp"]`` of a
+``(pp, dp, tp)`` mesh stands for the whole family of TP groups, the congruent
+copies of its layout offset by every offset of the complement.
+
+>>> m = Mesh({"pp": 2, "dp": 2, "tp": 4})
+>>> m
+Mesh(pp=2, dp=2, tp=4)
+>>> m["tp", "pp"]
+Mesh(tp=4, pp=2; layout (4,2):(1,8); ranks range(0, 16))
+>>> m.group(13, "tp")
+(12, 13, 14, 15)
+>>> m.coordinate(13)
+(1, 1, 1)
+>>> m["tp"].num_submeshes
+4
+>>> m.flatten()
+Mesh(pp_dp_tp=16)
+>>> m.unflatten("tp", (2, 2), ("tp_out", "tp_in"))
+Mesh(pp=2, dp=2, tp_out=2, tp_in=2)
+
+Every per-rank question costs O(ndim + size of the answer); only
+:meth:`Mesh.groups` and :meth:`Mesh.submeshes` enumerate the world.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, SupportsIndex, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from .inttuple import is_int, suffix_product
+from .layout import Layout, make_layout
+from .rank_map import RankMap
+
+__all__ = ["Dim", "Mesh"]
+
+Dim = int | str
+IntArray = npt.NDArray[np.int64]
+
+# One digit of a position along an axis: (size, stride in positions, weight in the coordinate).
+_Digit = tuple[int, int, int]
+
+
+class Mesh:
+    """Named dims over a shared rank map (see the module docstring).
+
+    ``Mesh(shape, names=None, *, ranks=None)``: ``shape`` is a sequence of
+    positive ints or a mapping name -> size; ``names`` default to
+    ``("dim0", "dim1", ...)``; ``ranks`` are the global ranks in row-major order
+    (a range, a flat sequence, nested lists or an ndarray of ``shape``), default
+    ``range(prod(shape))``.
+
+    >>> Mesh((2, 2), ("dp", "tp"), ranks=[[3, 1], [2, 0]]).group(1, "tp")
+    (3, 1)
+    """
+
+    __slots__ = ("__weakref__", "_axes", "_digits", "_hash", "_names", "_rank_map", "_shape")
+
+    _names: tuple[str, ...]
+    _axes: tuple[Layout, ...]
+    _rank_map: RankMap
+    _shape: tuple[int, ...]
+    _digits: tuple[tuple[_Digit, ...], ...]
+    _hash: int
+
+    def __init__(
+        self,
+        shape: Sequence[int] | Mapping[str, int],
+        names: Sequence[str] | None = None,
+        *,
+        ranks: Any = None,
+    ) -> None:
+        sizes, dim_names = _parse_shape(shape, names)
+        total = int(np.prod(sizes, dtype=object))
+        if ranks is None:
+            rank_map = RankMap(range(total))
+        else:
+            _check_rank_shape(ranks, sizes)
+            rank_map = RankMap(ranks)
+            if len(rank_map) != total:
+                raise ValueError(
+                    f"a mesh of shape {sizes} needs {total} ranks, but {len(rank_map)} were given"
+                )
+        strides = suffix_product(sizes)
+        axes = tuple(_canonical(Layout(s, d)) for s, d in zip(sizes, strides))
+        self._init(dim_names, axes, rank_map)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def _from_parts(
+        cls, names: tuple[str, ...], axes: tuple[Layout, ...], rank_map: RankMap
+    ) -> Mesh:
+        """Build a mesh from canonical axes over ``rank_map``, validating cheaply."""
+        mesh = cls.__new__(cls)
+        mesh._init(names, tuple(_canonical(a) for a in axes), rank_map)
+        return mesh
+
+    def _init(self, names: tuple[str, ...], axes: tuple[Layout, ...], rank_map: RankMap) -> None:
+        _check_names(names)
+        if len(names) != len(axes):
+            raise ValueError(f"{len(names)} names {names} for {len(axes)} axes")
+        _check_tiling(names, axes, len(rank_map))
+        object.__setattr__(self, "_names", names)
+        object.__setattr__(self, "_axes", axes)
+        object.__setattr__(self, "_rank_map", rank_map)
+        object.__setattr__(self, "_shape", tuple(a.size() for a in axes))
+        object.__setattr__(self, "_digits", tuple(_axis_digits(a) for a in axes))
+        object.__setattr__(self, "_hash", hash((names, axes, rank_map)))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Mesh is immutable; cannot set {name!r}")
+
+    # ------------------------------------------------------------------ basic properties
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Dim names, outermost first."""
+        return self._names
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Dim sizes, outermost first."""
+        return self._shape
+
+    @property
+    def ndim(self) -> int:
+        """Number of dims."""
+        return len(self._names)
+
+    @property
+    def axes(self) -> tuple[Layout, ...]:
+        """One canonical (coalesced, flat) layout per dim, from coordinate to position."""
+        return self._axes
+
+    @property
+    def layout(self) -> Layout:
+        """All axes as the top-level modes of one layout: coordinate tuple -> position."""
+        return make_layout(*self._axes)
+
+    @property
+    def rank_map(self) -> RankMap:
+        """The shared position -> global rank table."""
+        return self._rank_map
+
+    def size(self, dim: Dim | None = None) -> int:
+        """Size of one dim, or of the whole mesh when ``dim`` is None."""
+        if dim is None:
+            return int(np.prod(self._shape, dtype=object))
+        return self._shape[self.dim_index(dim)]
+
+    @property
+    def num_submeshes(self) -> int:
+        """How many congruent sub-meshes this mesh stands for (1 for a root mesh)."""
+        return len(self._rank_map) // self.size()
+
+    def dim_index(self, dim: Dim) -> int:
+        """Index of a dim given by name or (possibly negative) index; KeyError if unknown."""
+        if isinstance(dim, str):
+            try:
+                return self._names.index(dim)
+            except ValueError:
+                raise KeyError(
+                    f"unknown mesh dim {dim!r}; valid names are {list(self._names)}"
+                ) from None
+        if is_int(dim):
+            i = int(dim)
+            if -self.ndim <= i < self.ndim:
+                return i % self.ndim
+            raise KeyError(
+                f"mesh dim index {i} out of range for a {self.ndim}-D mesh {list(self._names)}"
+            )
+        raise TypeError(f"a mesh dim is a name (str) or an index (int), got {dim!r}")
+
+    # ------------------------------------------------------------------ derived meshes
+    def __getitem__(self, key: Dim | Sequence[Dim]) -> Mesh:
+        """Select dims by name or index, in any order (a transpose), with the same rank map."""
+        keys: Sequence[Dim] = (key,) if isinstance(key, (str, int)) else key
+        if not isinstance(keys, (tuple, list)):
+            raise TypeError(f"a mesh key is a dim or a tuple of dims, got {key!r}")
+        if not keys:
+            raise ValueError("cannot select zero dims from a mesh; name at least one")
+        idx = [self.dim_index(k) for k in keys]
+        if len(set(idx)) != len(idx):
+            raise ValueError(f"dims {list(keys)} select the same dim twice")
+        return Mesh._from_parts(
+            tuple(self._names[i] for i in idx), tuple(self._axes[i] for i in idx), self._rank_map
+        )
+
+    def flatten(self, name: str | None = None) -> Mesh:
+        """All dims merged row-major into one; default name ``"a_b_c"``."""
+        flat_name = "_".join(self._names) if name is None else name
+        merged = Layout(*_pack_modes([m for a in self._axes for m in a.modes]))
+        return Mesh._from_parts((flat_name,), (merged,), self._rank_map)
+
+    def unflatten(self, dim: Dim, sizes: Sequence[int], names: Sequence[str]) -> Mesh:
+        """Split one dim row-major into ``len(sizes)`` dims named ``names``.
+
+        >>> Mesh({"dp": 8}).unflatten("dp", (2, 4), ("rep", "shard")).group(5, "rep")
+        (1, 5)
+        """
+        i = self.dim_index(dim)
+        sizes_t = tuple(_check_size(s, "unflatten size") for s in sizes)
+        names_t = tuple(names) if not isinstance(names, str) else (names,)
+        if len(sizes_t) != len(names_t) or not sizes_t:
+            raise ValueError(
+                f"unflatten needs one name per size, got sizes {sizes_t} and names {names_t}"
+            )
+        if int(np.prod(sizes_t, dtype=object)) != self._shape[i]:
+            raise ValueError(
+                f"cannot unflatten dim {self._names[i]!r} of size {self._shape[i]} into "
+                f"{sizes_t}: their product is {int(np.prod(sizes_t, dtype=object))}"
+            )
+        try:
+            split = self._axes[i].compose(Layout(sizes_t))
+        except ValueError as exc:
+            raise ValueError(
+                f"cannot unflatten dim {self._names[i]!r} (layout {self._axes[i]}) into "
+                f"{sizes_t}: its positions do not split that way ({exc})"
+            ) from None
+        parts = [split[k] for k in range(len(sizes_t))]
+        return Mesh._from_parts(
+            self._names[:i] + names_t + self._names[i + 1 :],
+            self._axes[:i] + tuple(parts) + self._axes[i + 1 :],
+            self._rank_map,
+        )
+
+    @staticmethod
+    def concat(meshes: Iterable[Mesh]) -> Mesh:
+        """The dims of several meshes over the same rank map, side by side.
+
+        >>> m = Mesh({"pp": 2, "dp": 2, "tp": 2})
+        >>> Mesh.concat([m["pp"], m["tp"]]) == m["pp", "tp"]
+        True
+        """
+        ms = list(meshes)
+        if not ms:
+            raise ValueError("Mesh.concat needs at least one mesh")
+        for m in ms:
+            if not isinstance(m, Mesh):
+                raise TypeError(f"Mesh.concat takes Mesh objects, got {type(m).__name__}")
+        rank_map = ms[0]._rank_map
+        for m in ms[1:]:
+            if m._rank_map != rank_map:
+                raise ValueError(
+                    f"Mesh.concat needs meshes over the same rank map; {ms[0]!r} and {m!r} differ"
+                )
+        names = tuple(n for m in ms for n in m._names)
+        axes = tuple(a for m in ms for a in m._axes)
+        return Mesh._from_parts(names, axes, rank_map)
+
+    # ------------------------------------------------------------------ per-rank queries
+    def __contains__(self, rank: object) -> bool:
+        return rank in self._rank_map
+
+    def _position(self, rank: int, what: str) -> int:
+        if not is_int(rank):
+            raise TypeError(f"{what}: a rank is an int, got {rank!r}")
+        p = self._rank_map.position(int(rank))
+        if p is None:
+            raise ValueError(f"{what}: rank {rank} is not in {self!r}")
+        return p
+
+    def _coordinate_of(self, p: int) -> tuple[int, ...]:
+        return tuple(sum((p // d) % s * w for s, d, w in digits) for digits in self._digits)
+
+    def _axis_offset(self, i: int, p: int) -> int:
+        """Contribution of dim ``i`` to position ``p`` (its coordinate times the axis)."""
+        return sum((p // d) % s * d for s, d, _ in self._digits[i])
+
+    def coordinate(self, rank: int) -> tuple[int, ...] | None:
+        """Coordinate of ``rank`` in its sub-mesh, or None if the rank is not covered."""
+        if not is_int(rank):
+            raise TypeError(f"coordinate: a rank is an int, got {rank!r}")
+        p = self._rank_map.position(int(rank))
+        return None if p is None else self._coordinate_of(p)
+
+    def local_rank(self, rank: int, dim: Dim) -> int:
+        """Coordinate of ``rank`` along ``dim``; ValueError if the rank is not covered."""
+        i = self.dim_index(dim)
+        p = self._position(rank, "local_rank")
+        return sum((p // d) % s * w for s, d, w in self._digits[i])
+
+    def group(self, rank: int, dim: Dim) -> tuple[int, ...]:
+        """Global ranks of ``rank``'s group along ``dim``, in coordinate order."""
+        i = self.dim_index(dim)
+        p = self._position(rank, "group")
+        base = p - self._axis_offset(i, p)
+        return tuple(self._rank_map.take(base + self._axes[i].indices()).tolist())
+
+    def submesh(self, rank: int) -> IntArray:
+        """The concrete sub-mesh containing ``rank``: an ndarray of global ranks of ``shape``."""
+        p = self._position(rank, "submesh")
+        base = p - sum(self._axis_offset(i, p) for i in range(self.ndim))
+        return self._rank_map.take(base + self.layout.indices()).reshape(self._shape)
+
+    # ------------------------------------------------------------------ whole-world queries
+    def groups(self, dim: Dim) -> IntArray:
+        """Every group along ``dim`` in the whole rank map: shape ``(num_groups, size(dim))``.
+
+        O(world); groups are ordered by their first position.
+        """
+        axis = self._axes[self.dim_index(dim)]
+        offsets = _complement_indices(axis, len(self._rank_map))
+        positions = offsets[:, None] + axis.indices()[None, :]
+        return self._rank_map.take(positions)
+
+    def submeshes(self) -> IntArray:
+        """Every sub-mesh of the family: shape ``(num_submeshes, *shape)``. O(world)."""
+        lay = self.layout
+        offsets = _complement_indices(lay, len(self._rank_map))
+        positions = offsets[:, None] + lay.indices()[None, :]
+        return self._rank_map.take(positions).reshape((offsets.size, *self._shape))
+
+    # ------------------------------------------------------------------ value object
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Mesh):
+            return NotImplemented
+        return (
+            self._hash == other._hash
+            and self._names == other._names
+            and self._axes == other._axes
+            and self._rank_map == other._rank_map
+        )
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Mesh._from_parts, (self._names, self._axes, self._rank_map))
+
+    def __repr__(self) -> str:
+        dims = ", ".join(f"{n}={s}" for n, s in zip(self._names, self._shape))
+        n = len(self._rank_map)
+        compact = self.num_submeshes == 1 and self.layout.coalesce() == Layout(n).coalesce()
+        identity = self._rank_map.as_range() == range(n)
+        if compact and identity:
+            return f"Mesh({dims})"
+        if compact:
+            return f"Mesh({dims}, ranks={_ranks_repr(self._rank_map)})"
+        return f"Mesh({dims}; layout {self.layout}; ranks {_ranks_repr(self._rank_map)})"
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _ranks_repr(rank_map: RankMap) -> str:
+    rng = rank_map.as_range()
+    return str(rng) if rng is not None else repr(rank_map)[len("RankMap(") : -1]
+
+
+def _pack_modes(modes: list[tuple[int, int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    modes = [m for m in modes if m[0] > 1]
+    if not modes:
+        return (1,), (0,)
+    return tuple(s for s, _ in modes), tuple(d for _, d in modes)
+
+
+def _canonical(axis: Layout) -> Layout:
+    """The flat, coalesced form of an axis (the key for equality and hashing)."""
+    return axis.coalesce()
+
+
+def _axis_digits(axis: Layout) -> tuple[_Digit, ...]:
+    modes = [m for m in axis.modes if m[0] > 1]
+    weights = suffix_product(tuple(s for s, _ in modes))
+    return tuple((s, d, w) for (s, d), w in zip(modes, weights))
+
+
+def _check_size(s: object, what: str) -> int:
+    if not is_int(s):
+        raise TypeError(f"{what} must be an int, got {s!r} of type {type(s).__name__}")
+    v = operator.index(cast(SupportsIndex, s))
+    if v <= 0:
+        raise ValueError(f"{what} must be >= 1, got {v}")
+    return v
+
+
+def _parse_shape(
+    shape: Sequence[int] | Mapping[str, int], names: Sequence[str] | None
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    if isinstance(shape, Mapping):
+        if names is not None:
+            raise ValueError(
+                "give names either as the keys of a shape mapping or as names=, not both"
+            )
+        names = tuple(shape.keys())
+        raw = tuple(shape.values())
+    elif isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
+        raise TypeError(f"mesh shape must be a sequence of ints or a mapping, got {shape!r}")
+    else:
+        raw = tuple(shape)
+    if not raw:
+        raise ValueError("a mesh needs at least one dim, got an empty shape")
+    bad = [s for s in raw if is_int(s) and int(s) <= 0]
+    if bad:
+        raise ValueError(f"mesh sizes must be >= 1, got {list(raw)}")
+    sizes = tuple(_check_size(s, "mesh size") for s in raw)
+    if names is None:
+        dim_names = tuple(f"dim{i}" for i in range(len(sizes)))
+    elif isinstance(names, str):
+        dim_names = (names,)
+    else:
+        dim_names = tuple(names)
+    if len(dim_names) != len(sizes):
+        raise ValueError(f"{len(dim_names)} names {dim_names} for a {len(sizes)}-D shape {sizes}")
+    return sizes, dim_names
+
+
+def _check_names(names: tuple[str, ...]) -> None:
+    for n in names:
+        if not isinstance(n, str) or not n.isidentifier():
+            raise ValueError(f"mesh dim names must be identifiers, got {n!r} in {list(names)}")
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"mesh dim names must be unique; {dup} repeat in {list(names)}")
+
+
+def _check_rank_shape(ranks: Any, sizes: tuple[int, ...]) -> None:
+    if isinstance(ranks, (range, RankMap)):
+        return
+    if isinstance(ranks, np.ndarray) or (
+        isinstance(ranks, (list, tuple)) and ranks and isinstance(ranks[0], (list, tuple))
+    ):
+        got = np.shape(np.asarray(ranks, dtype=object))
+        if got != sizes and len(got) != 1:
+            raise ValueError(f"ranks of shape {got} do not match the mesh shape {sizes}")
+
+
+def _check_tiling(names: tuple[str, ...], axes: tuple[Layout, ...], n: int) -> None:
+    """Axes must not overlap and their family must tile exactly ``n`` positions."""
+    modes = sorted((m for a in axes for m in a.modes if m[0] > 1), key=lambda m: (m[1], m[0]))
+    span = 1
+    for s, d in modes:
+        if d == 0 or d % span != 0:
+            raise ValueError(
+                f"the axes {dict(zip(names, map(str, axes)))} overlap: the mode {s}:{d} "
+                f"shares positions with the smaller modes (span {span})"
+            )
+        span = s * d
+    if span > n or n % span != 0:
+        raise ValueError(
+            f"the axes {dict(zip(names, map(str, axes)))} reach position {span - 1}, so the "
+            f"rank map needs a multiple of {span} ranks, but it has {n}"
+        )
+
+
+@functools.lru_cache(maxsize=256)
+def _complement_indices(layout: Layout, n: int) -> IntArray:
+    return layout.complement(n).indices()
