@@ -1,0 +1,54 @@
+"""The multi-process harness itself: results, errors and hangs are all bounded."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from multiproc import MultiProcError, MultiProcTimeout, run_multiproc
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(120)]
+
+
+def _sum_ranks(rank: int, world_size: int) -> int:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([rank])
+    dist.all_reduce(t)
+    return int(t)
+
+
+def _fail_on_one(rank: int, world_size: int) -> int:
+    if rank == 1:
+        raise ValueError("boom on rank 1")
+    return rank
+
+
+def _hang_on_two(rank: int, world_size: int) -> int:
+    if rank == 2:
+        time.sleep(60)
+    return rank
+
+
+def test_results_collected_in_rank_order() -> None:
+    assert run_multiproc(_sum_ranks, 4, timeout=60) == [6, 6, 6, 6]
+
+
+def test_exception_propagates_with_traceback() -> None:
+    with pytest.raises(MultiProcError) as info:
+        run_multiproc(_fail_on_one, 3, timeout=60)
+    assert set(info.value.errors) == {1}
+    assert isinstance(info.value.errors[1], ValueError)
+    assert "boom on rank 1" in info.value.tracebacks[1]
+
+
+def test_hang_is_killed_and_named() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(MultiProcTimeout) as info:
+        run_multiproc(_hang_on_two, 3, timeout=4)
+    assert info.value.missing == [2]
+    assert time.monotonic() - t0 < 25
