@@ -244,8 +244,12 @@ def run_multiproc(
             _record(rank, kind, payload, text, values, errors, tracebacks)
     finally:
         release.set()
+        for r, p in enumerate(procs):
+            if r not in values and r not in errors:
+                p.kill()  # a straggler: never waits for the grace period
+        grace = time.monotonic() + 5.0
         for p in procs:
-            p.join(timeout=5.0)
+            p.join(timeout=max(grace - time.monotonic(), 0.0))
         for p in procs:
             if p.is_alive():
                 p.kill()
