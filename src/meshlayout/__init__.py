@@ -13,7 +13,16 @@ Layers (a lower layer never imports a higher one):
 
 from .layout import Layout, logical_divide, logical_product, make_layout
 from .mesh import Mesh
+from .parallel_dims import ParallelDims
 from .rank_map import RankMap
 
-__all__ = ["Layout", "Mesh", "RankMap", "logical_divide", "logical_product", "make_layout"]
+__all__ = [
+    "Layout",
+    "Mesh",
+    "ParallelDims",
+    "RankMap",
+    "logical_divide",
+    "logical_product",
+    "make_layout",
+]
 __version__ = "0.1.0"

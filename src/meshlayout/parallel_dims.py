@@ -1,0 +1,421 @@
+"""ParallelDims: one world, several named factorisations of it (layer 3).
+
+Degrees in, named meshes out. Every view is a :class:`~meshlayout.mesh.Mesh`
+over one shared rank map, built only by slicing, flattening, unflattening and
+concatenating the dense mesh: no rank arithmetic happens here.
+
+>>> pd = ParallelDims(16, pp=2, dp_shard=2, cp=2, tp=2, ep=4)
+>>> pd.degrees
+{'pp': 2, 'dp_replicate': 1, 'dp_shard': 2, 'cp': 2, 'tp': 2, 'ep': 4, 'etp': 1, 'efsdp': 2}
+>>> pd.dense
+Mesh(pp=2, dp_replicate=1, dp_shard=2, cp=2, tp=2)
+>>> pd.mesh("fsdp").group(0, "fsdp")
+(0, 2, 4, 6)
+>>> pd.mesh("ep").group(0, "ep")
+(0, 1, 2, 3)
+>>> pd.sparse.names
+('pp', 'dp_replicate', 'efsdp', 'ep', 'etp')
+
+Positions are always in the canonical dense order ``(pp, dp_replicate,
+dp_shard, cp, tp)``; ``order`` and ``ranks`` only decide which global rank sits
+at each position (the rank map), never the names or shapes of the views.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .inttuple import is_int
+from .mesh import Mesh
+from .rank_map import RankMap
+
+__all__ = ["DENSE_DIMS", "VIEWS", "ParallelDims"]
+
+DENSE_DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+SPARSE_DIMS: tuple[str, ...] = ("pp", "dp_replicate", "efsdp", "ep", "etp")
+
+#: What each view is for: the collective or the job that uses its groups.
+VIEWS: dict[str, str] = {
+    "pp": "pipeline stages: point-to-point send/recv of activations",
+    "dp_replicate": "replicated data parallel: gradient all-reduce across replicas (HSDP outer)",
+    "dp_shard": "sharded data parallel: FSDP parameter all-gather / gradient reduce-scatter",
+    "cp": "context parallel: ring attention over sequence shards",
+    "tp": "tensor parallel: activation all-reduce / all-gather inside a layer",
+    "batch": "data loading: ranks that read different batches (dp_replicate x dp_shard)",
+    "loss": "loss all-reduce: every rank that holds a different part of the batch",
+    "fsdp": "parameter sharding: FSDP over dp_shard x cp",
+    "hsdp": "hybrid sharding: replicate over dp_replicate, shard over fsdp (2-D)",
+    "efsdp": "expert parameter sharding: FSDP of expert weights",
+    "ep": "expert parallel: token all-to-all between expert owners",
+    "etp": "expert tensor parallel: tensor parallel inside an expert",
+    "ehsdp": "hybrid sharding of experts: dp_replicate x efsdp (2-D)",
+}
+
+_DEGREE_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
+
+
+def _positive_int(name: str, value: object, *, allow_minus_one: bool = False) -> int:
+    if not is_int(value):
+        raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
+    v = operator.index(value)  # type: ignore[arg-type]
+    if v == -1 and allow_minus_one:
+        return v
+    if v < 1:
+        hint = " (or -1 to infer it)" if allow_minus_one else ""
+        raise ValueError(f"{name} must be >= 1{hint}, got {v}")
+    return v
+
+
+def _product_text(names: Sequence[str], values: Sequence[int]) -> str:
+    prod = functools.reduce(operator.mul, values, 1)
+    return f"{'*'.join(names)} = {'*'.join(map(str, values))} = {prod}"
+
+
+class ParallelDims:
+    """Degrees of N-D parallelism over one world, and every named mesh over it.
+
+    ``ParallelDims(world_size, *, pp=1, dp_replicate=1, dp_shard=-1, cp=1, tp=1,
+    ep=1, etp=1, order=None, ranks=None)``. ``dp_shard=-1`` is inferred as
+    ``world_size / (pp*dp_replicate*cp*tp)``. The expert region is the dense
+    ``dp_shard*cp*tp`` region re-split as ``(efsdp, ep, etp)``; any ``ep*etp``
+    dividing it is valid.
+
+    >>> ParallelDims(64, pp=2, dp_shard=3, cp=2, tp=4)
+    Traceback (most recent call last):
+    ...
+    ValueError: the degrees do not multiply to the world size: pp*dp_replicate*dp_shard*cp*tp = 2*1*3*2*4 = 48 != 64
+    """
+
+    __slots__ = ("__dict__", "_degrees", "_order", "_rank_map", "world_size")
+
+    world_size: int
+    _degrees: dict[str, int]
+    _order: tuple[str, ...]
+    _rank_map: RankMap
+
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        pp: int = 1,
+        dp_replicate: int = 1,
+        dp_shard: int = -1,
+        cp: int = 1,
+        tp: int = 1,
+        ep: int = 1,
+        etp: int = 1,
+        order: Sequence[str] | str | None = None,
+        ranks: Any = None,
+    ) -> None:
+        world = _positive_int("world_size", world_size)
+        given = {
+            "pp": _positive_int("pp", pp),
+            "dp_replicate": _positive_int("dp_replicate", dp_replicate),
+            "dp_shard": _positive_int("dp_shard", dp_shard, allow_minus_one=True),
+            "cp": _positive_int("cp", cp),
+            "tp": _positive_int("tp", tp),
+            "ep": _positive_int("ep", ep),
+            "etp": _positive_int("etp", etp),
+        }
+        degrees = _infer_dense(world, given)
+        region = degrees["dp_shard"] * degrees["cp"] * degrees["tp"]
+        if region % degrees["etp"] != 0:
+            raise ValueError(
+                f"etp={degrees['etp']} does not divide "
+                f"{_product_text(('dp_shard', 'cp', 'tp'), [degrees[n] for n in ('dp_shard', 'cp', 'tp')])}"
+            )
+        if (region // degrees["etp"]) % degrees["ep"] != 0:
+            raise ValueError(
+                f"ep={degrees['ep']} does not divide dp_shard*cp*tp/etp = "
+                f"{region}/{degrees['etp']} = {region // degrees['etp']}"
+            )
+        degrees["efsdp"] = region // (degrees["ep"] * degrees["etp"])
+        object.__setattr__(self, "world_size", world)
+        object.__setattr__(self, "_degrees", degrees)
+        object.__setattr__(self, "_order", _parse_order(order))
+        object.__setattr__(self, "_rank_map", _dense_rank_map(world, degrees, self._order, ranks))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"ParallelDims is immutable; cannot set {name!r}")
+
+    # ------------------------------------------------------------------ configuration
+    @property
+    def degrees(self) -> dict[str, int]:
+        """Every degree by name, inferred values (dp_shard, efsdp) filled in."""
+        return dict(self._degrees)
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """Placement of the dense dims in rank space, outermost first."""
+        return self._order
+
+    @property
+    def rank_map(self) -> RankMap:
+        """The one rank map every view shares: position (canonical order) -> global rank."""
+        return self._rank_map
+
+    def enabled(self, name: str) -> bool:
+        """True if the degree or view ``name`` has more than one rank per group."""
+        if name in self._degrees:
+            return self._degrees[name] > 1
+        return self.mesh(name).size() > 1
+
+    def __repr__(self) -> str:
+        degs = ", ".join(f"{k}={v}" for k, v in self._degrees.items() if k != "efsdp")
+        extra = "" if self._order == DENSE_DIMS else f", order={self._order}"
+        return f"ParallelDims({self.world_size}, {degs}{extra})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ParallelDims):
+            return NotImplemented
+        return (self.world_size, self._degrees, self._order, self._rank_map) == (
+            other.world_size,
+            other._degrees,
+            other._order,
+            other._rank_map,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.world_size, tuple(self._degrees.items()), self._order, self._rank_map))
+
+    # ------------------------------------------------------------------ meshes
+    @functools.cached_property
+    def dense(self) -> Mesh:
+        """The dense mesh ``(pp, dp_replicate, dp_shard, cp, tp)``."""
+        compact = Mesh({n: self._degrees[n] for n in DENSE_DIMS})
+        # Same axes over this object's rank map, so every view shares one inverse.
+        return Mesh._from_parts(compact.names, compact.axes, self._rank_map)
+
+    @functools.cached_property
+    def sparse(self) -> Mesh:
+        """The MoE mesh ``(pp, dp_replicate, efsdp, ep, etp)`` over the same ranks."""
+        d = self._degrees
+        region = self.dense["dp_shard", "cp", "tp"].flatten("expert_region")
+        experts = region.unflatten(0, (d["efsdp"], d["ep"], d["etp"]), ("efsdp", "ep", "etp"))
+        return Mesh.concat([self.dense["pp", "dp_replicate"], experts])
+
+    @functools.cached_property
+    def dataloading(self) -> Mesh:
+        """The data-loading mesh ``(pp, batch, cp, tp)``."""
+        return Mesh.concat([self.dense["pp"], self.mesh("batch"), self.dense["cp", "tp"]])
+
+    def mesh(self, name_or_names: str | Sequence[str]) -> Mesh:
+        """One view by name, or several non-overlapping views side by side.
+
+        >>> pd = ParallelDims(8, dp_replicate=2, dp_shard=2, tp=2)
+        >>> pd.mesh(("dp_replicate", "fsdp")) == pd.mesh("hsdp")
+        True
+        """
+        if isinstance(name_or_names, str):
+            return self._view(name_or_names)
+        names = tuple(name_or_names)
+        if not names:
+            raise ValueError(f"name at least one view; valid views are {list(VIEWS)}")
+        meshes = [self._view(n) for n in names]
+        try:
+            return Mesh.concat(meshes)
+        except ValueError as exc:
+            raise ValueError(f"views {list(names)} overlap and cannot be combined: {exc}") from None
+
+    def _view(self, name: str) -> Mesh:
+        if not isinstance(name, str):
+            raise TypeError(f"a view name is a str, got {name!r}")
+        builder = _VIEW_BUILDERS.get(name)
+        if builder is None:
+            raise KeyError(f"unknown view {name!r}; valid views are {list(VIEWS)}")
+        cache: dict[str, Mesh] = self.__dict__.setdefault("_views", {})
+        if name not in cache:
+            cache[name] = builder(self)
+        return cache[name]
+
+    def views(self) -> dict[str, Mesh]:
+        """Every named view, in the order of :data:`VIEWS`."""
+        return {name: self._view(name) for name in VIEWS}
+
+    # ------------------------------------------------------------------ reports
+    def to_dict(
+        self, *, rank: int | None = None, ranks_per_host: int | None = None
+    ) -> dict[str, Any]:
+        """A JSON-ready summary: degrees, order and every view with ``rank``'s group."""
+        rank = self._default_rank(rank)
+        views: dict[str, Any] = {}
+        for name, mesh in self.views().items():
+            entry: dict[str, Any] = {
+                "dims": list(mesh.names),
+                "shape": list(mesh.shape),
+                "group_size": mesh.size(),
+                "num_groups": mesh.num_submeshes,
+                "rank": rank,
+                "coordinate": list(mesh.coordinate(rank) or ()),
+                "group": mesh.submesh(rank).tolist(),
+                "purpose": VIEWS[name],
+            }
+            if ranks_per_host is not None:
+                entry["hosts_spanned"] = hosts_spanned(mesh, ranks_per_host)
+            views[name] = entry
+        return {
+            "world_size": self.world_size,
+            "degrees": self.degrees,
+            "order": list(self._order),
+            "views": views,
+        }
+
+    def describe(self, *, rank: int | None = None, ranks_per_host: int | None = None) -> str:
+        """A plain-text table: view, shape, number of groups, and ``rank``'s group.
+
+        With ``ranks_per_host`` every view says whether its groups stay inside a
+        host (ranks ``[k*n, (k+1)*n)`` form host ``k``) or how many they cross.
+
+        >>> print(ParallelDims(8, dp_shard=2, tp=4).describe(ranks_per_host=4))  # doctest: +NORMALIZE_WHITESPACE
+        ParallelDims(8, pp=1, dp_replicate=1, dp_shard=2, cp=1, tp=4, ep=1, etp=1)
+        view          shape                       groups  group of rank 0  hosts
+        pp            pp=1                        8       [0]              stays within a host
+        dp_replicate  dp_replicate=1              8       [0]              stays within a host
+        dp_shard      dp_shard=2                  4       [0, 4]           crosses 2 hosts
+        cp            cp=1                        8       [0]              stays within a host
+        tp            tp=4                        2       [0, 1, 2, 3]     stays within a host
+        batch         batch=2                     4       [0, 4]           crosses 2 hosts
+        loss          loss=2                      4       [0, 4]           crosses 2 hosts
+        fsdp          fsdp=2                      4       [0, 4]           crosses 2 hosts
+        hsdp          dp_replicate=1 x fsdp=2     4       [[0, 4]]         crosses 2 hosts
+        efsdp         efsdp=8                     1       [0, 1, 2, 3, 4, 5, 6, 7]  crosses 2 hosts
+        ep            ep=1                        8       [0]              stays within a host
+        etp           etp=1                       8       [0]              stays within a host
+        ehsdp         dp_replicate=1 x efsdp=8    1       [[0, 1, 2, 3, 4, 5, 6, 7]]  crosses 2 hosts
+        """
+        rank = self._default_rank(rank)
+        header = ["view", "shape", "groups", f"group of rank {rank}"]
+        if ranks_per_host is not None:
+            header.append("hosts")
+        rows = [header]
+        for name, mesh in self.views().items():
+            shape = " x ".join(f"{n}={s}" for n, s in zip(mesh.names, mesh.shape))
+            row = [name, shape, str(mesh.num_submeshes), _abridge(mesh.submesh(rank).tolist())]
+            if ranks_per_host is not None:
+                k = hosts_spanned(mesh, ranks_per_host)
+                row.append("stays within a host" if k == 1 else f"crosses {k} hosts")
+            rows.append(row)
+        widths = [max(len(r[i]) for r in rows[:-1] or rows) for i in range(len(header))]
+        lines = [repr(self)]
+        for r in rows:
+            cells = [c.ljust(w) for c, w in zip(r[:-1], widths[:-1])] + [r[-1]]
+            lines.append("  ".join(cells).rstrip())
+        return "\n".join(lines)
+
+    def _default_rank(self, rank: int | None) -> int:
+        if rank is None:
+            return 0 if 0 in self._rank_map else self._rank_map[0]
+        if rank not in self._rank_map:
+            raise ValueError(f"rank {rank} is not in this world ({self._rank_map!r})")
+        return rank
+
+    # ------------------------------------------------------------------ runtime
+    def build(self, device_type: str = "cpu", **kwargs: Any) -> Any:
+        """Bind every view to real process groups (needs ``meshlayout[torch]``).
+
+        Returns an object whose ``.get(view)`` is a
+        :class:`meshlayout.torch.DistributedMesh`; see :mod:`meshlayout.torch`.
+        """
+        import importlib
+
+        runtime = importlib.import_module("meshlayout.torch")  # lazy: layer 4 imports torch
+        return runtime.build_parallel_dims(self, device_type, **kwargs)
+
+
+# ---------------------------------------------------------------------- views
+
+
+def _dense_dim(name: str) -> Callable[[ParallelDims], Mesh]:
+    return lambda pd: pd.dense[name]
+
+
+def _sparse_dim(name: str) -> Callable[[ParallelDims], Mesh]:
+    return lambda pd: pd.sparse[name]
+
+
+_VIEW_BUILDERS: Mapping[str, Callable[[ParallelDims], Mesh]] = {
+    **{n: _dense_dim(n) for n in DENSE_DIMS},
+    "batch": lambda pd: pd.dense["dp_replicate", "dp_shard"].flatten("batch"),
+    "loss": lambda pd: pd.dense["dp_replicate", "dp_shard", "cp"].flatten("loss"),
+    "fsdp": lambda pd: pd.dense["dp_shard", "cp"].flatten("fsdp"),
+    "hsdp": lambda pd: Mesh.concat([pd.dense["dp_replicate"], pd.mesh("fsdp")]),
+    "efsdp": _sparse_dim("efsdp"),
+    "ep": _sparse_dim("ep"),
+    "etp": _sparse_dim("etp"),
+    "ehsdp": lambda pd: pd.sparse["dp_replicate", "efsdp"],
+}
+assert set(_VIEW_BUILDERS) == set(VIEWS)
+
+
+def hosts_spanned(mesh: Mesh, ranks_per_host: int) -> int:
+    """Most hosts any one sub-mesh of ``mesh`` touches (host of rank r: r // ranks_per_host).
+
+    O(world): enumerates every sub-mesh.
+    """
+    n = _positive_int("ranks_per_host", ranks_per_host)
+    hosts = np.sort(mesh.submeshes().reshape(mesh.num_submeshes, -1) // n, axis=1)
+    distinct = 1 + np.count_nonzero(np.diff(hosts, axis=1), axis=1)
+    return int(distinct.max())
+
+
+def _abridge(group: Any, limit: int = 16) -> str:
+    text = str(group)
+    if len(text) <= 60:
+        return text
+    flat = np.asarray(group).reshape(-1).tolist()
+    head = ", ".join(map(str, flat[: limit // 2]))
+    return f"[{head}, … ({len(flat)} ranks)]"
+
+
+def _infer_dense(world: int, given: dict[str, int]) -> dict[str, int]:
+    others = ("pp", "dp_replicate", "cp", "tp")
+    degrees = dict(given)
+    if degrees["dp_shard"] == -1:
+        rest = functools.reduce(operator.mul, (degrees[n] for n in others), 1)
+        if world % rest != 0:
+            raise ValueError(
+                f"dp_shard=-1 cannot be inferred: world_size {world} is not divisible by "
+                f"{_product_text(others, [degrees[n] for n in others])}"
+            )
+        degrees["dp_shard"] = world // rest
+    total = functools.reduce(operator.mul, (degrees[n] for n in DENSE_DIMS), 1)
+    if total != world:
+        raise ValueError(
+            "the degrees do not multiply to the world size: "
+            f"{_product_text(DENSE_DIMS, [degrees[n] for n in DENSE_DIMS])} != {world}"
+        )
+    return degrees
+
+
+def _parse_order(order: Sequence[str] | str | None) -> tuple[str, ...]:
+    if order is None:
+        return DENSE_DIMS
+    if isinstance(order, str):
+        parsed = tuple(p.strip() for p in order.replace("-", ",").split(",") if p.strip())
+    else:
+        parsed = tuple(order)
+    if sorted(parsed) != sorted(DENSE_DIMS) or len(parsed) != len(DENSE_DIMS):
+        raise ValueError(
+            f"order must be a permutation of {list(DENSE_DIMS)} (outermost first), got {list(parsed)}"
+        )
+    return parsed
+
+
+def _dense_rank_map(
+    world: int, degrees: dict[str, int], order: tuple[str, ...], ranks: Any
+) -> RankMap:
+    """Global rank at each canonical position: ``ranks[index of the position in order]``."""
+    base = RankMap(range(world) if ranks is None else ranks)
+    if len(base) != world:
+        raise ValueError(f"ranks has {len(base)} entries but world_size is {world}")
+    if order == DENSE_DIMS:
+        return base
+    sizes_in_order = [degrees[n] for n in order]
+    to_canonical = [order.index(n) for n in DENSE_DIMS]
+    index = np.arange(world, dtype=np.int64).reshape(sizes_in_order).transpose(to_canonical)
+    return RankMap(base.take(index.reshape(-1)))
