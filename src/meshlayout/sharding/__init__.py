@@ -1,0 +1,30 @@
+"""Sharding: placements, the shard order, and every rank's exact local piece.
+
+The truth is the **shard order**: per tensor dim, the mesh dims that split it,
+outermost first; a rank's piece is nested ``torch.chunk``-rule chunking in that
+order. Placement lists are torch-compatible encodings of it (``StridedShard``
+where a mesh dim splits inside a later one, as FSDP2 over TP does). Lists torch's
+planner cannot decode keep the literal ``_StridedShard`` split meaning and may give
+a rank several runs per dim. See ``docs/sharding.md``.
+
+``import meshlayout.sharding`` never imports torch; only ``to_torch``/``from_torch``
+and torch arrays passed to ``shard``/``unshard`` do.
+"""
+
+from ._order import Run, Runs, chunk_bounds
+from ._placements import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard
+from ._spec import MeshLike, ShardingSpec
+
+__all__ = [
+    "REDUCE_OPS",
+    "MeshLike",
+    "Partial",
+    "Placement",
+    "Replicate",
+    "Run",
+    "Runs",
+    "Shard",
+    "ShardingSpec",
+    "StridedShard",
+    "chunk_bounds",
+]
