@@ -28,7 +28,6 @@ Every per-rank question costs O(ndim + size of the answer); only
 
 from __future__ import annotations
 
-import functools
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, SupportsIndex, cast
@@ -82,6 +81,12 @@ class Mesh:
         total = int(np.prod(sizes, dtype=object))
         if ranks is None:
             rank_map = RankMap(range(total))
+        elif isinstance(ranks, RankMap):
+            rank_map = ranks  # shared as is, with its (lazily built) inverse
+            if len(rank_map) != total:
+                raise ValueError(
+                    f"a mesh of shape {sizes} needs {total} ranks, but {len(rank_map)} were given"
+                )
         else:
             _check_rank_shape(ranks, sizes)
             rank_map = RankMap(ranks)
@@ -181,7 +186,7 @@ class Mesh:
     # ------------------------------------------------------------------ derived meshes
     def __getitem__(self, key: Dim | Sequence[Dim]) -> Mesh:
         """Select dims by name or index, in any order (a transpose), with the same rank map."""
-        keys: Sequence[Dim] = (key,) if isinstance(key, (str, int)) else key
+        keys = cast(Sequence[Dim], (key,) if isinstance(key, str) or is_int(key) else key)
         if not isinstance(keys, (tuple, list)):
             raise TypeError(f"a mesh key is a dim or a tuple of dims, got {key!r}")
         if not keys:
@@ -307,14 +312,14 @@ class Mesh:
         O(world); groups are ordered by their first position.
         """
         axis = self._axes[self.dim_index(dim)]
-        offsets = _complement_indices(axis, len(self._rank_map))
+        offsets = axis.complement(len(self._rank_map)).indices()
         positions = offsets[:, None] + axis.indices()[None, :]
         return self._rank_map.take(positions)
 
     def submeshes(self) -> IntArray:
         """Every sub-mesh of the family: shape ``(num_submeshes, *shape)``. O(world)."""
         lay = self.layout
-        offsets = _complement_indices(lay, len(self._rank_map))
+        offsets = lay.complement(len(self._rank_map)).indices()
         positions = offsets[:, None] + lay.indices()[None, :]
         return self._rank_map.take(positions).reshape((offsets.size, *self._shape))
 
@@ -428,7 +433,13 @@ def _check_rank_shape(ranks: Any, sizes: tuple[int, ...]) -> None:
     if isinstance(ranks, np.ndarray) or (
         isinstance(ranks, (list, tuple)) and ranks and isinstance(ranks[0], (list, tuple))
     ):
-        got = np.shape(np.asarray(ranks, dtype=object))
+        try:
+            got = np.shape(np.asarray(ranks))
+        except ValueError:
+            raise ValueError(
+                f"ranks must be a flat sequence or nested lists of shape {sizes}, "
+                f"got ragged nested lists"
+            ) from None
         if got != sizes and len(got) != 1:
             raise ValueError(f"ranks of shape {got} do not match the mesh shape {sizes}")
 
@@ -449,8 +460,3 @@ def _check_tiling(names: tuple[str, ...], axes: tuple[Layout, ...], n: int) -> N
             f"the axes {dict(zip(names, map(str, axes)))} reach position {span - 1}, so the "
             f"rank map needs a multiple of {span} ranks, but it has {n}"
         )
-
-
-@functools.lru_cache(maxsize=256)
-def _complement_indices(layout: Layout, n: int) -> IntArray:
-    return layout.complement(n).indices()

@@ -31,7 +31,7 @@ IntArray = npt.NDArray[np.int64]
 class RankMap(Sequence[int]):
     """An immutable 1-D sequence of distinct non-negative global ranks."""
 
-    __slots__ = ("_array", "_hash", "_inverse", "_lock", "_n", "_start", "_step")
+    __slots__ = ("_array", "_hash", "_inverse", "_lock", "_max", "_n", "_start", "_step")
 
     _start: int
     _step: int
@@ -40,6 +40,7 @@ class RankMap(Sequence[int]):
     _inverse: IntArray | tuple[IntArray, IntArray] | None
     _lock: threading.Lock
     _hash: int
+    _max: int
 
     def __init__(self, ranks: Any) -> None:
         start, step, n, array = _normalise(ranks)
@@ -47,7 +48,12 @@ class RankMap(Sequence[int]):
         object.__setattr__(self, "_step", step)
         object.__setattr__(self, "_n", n)
         object.__setattr__(self, "_array", array)
-        object.__setattr__(self, "_inverse", None)
+        object.__setattr__(self, "_inverse", ranks._inverse if isinstance(ranks, RankMap) else None)
+        object.__setattr__(
+            self,
+            "_max",
+            int(array.max()) if array is not None else max(start, start + (n - 1) * step),
+        )
         object.__setattr__(self, "_lock", threading.Lock())
         if array is None:
             h = hash(("range", start, step, n))
@@ -117,6 +123,8 @@ class RankMap(Sequence[int]):
         if self._array is None:
             q, r = divmod(rank - self._start, self._step)
             return q if r == 0 and 0 <= q < self._n else None
+        if not 0 <= rank <= self._max:
+            return None
         inverse = self._inverse
         if inverse is None:
             inverse = self._build_inverse()
@@ -136,7 +144,7 @@ class RankMap(Sequence[int]):
             if self._inverse is not None:
                 return self._inverse
             assert self._array is not None
-            top = int(self._array.max()) + 1
+            top = self._max + 1
             inverse: IntArray | tuple[IntArray, IntArray]
             if top <= 4 * self._n + 1024:
                 dense = np.full(top, -1, dtype=np.int64)
@@ -184,6 +192,20 @@ def _abridge(values: Any, limit: int = 8) -> str:
     return "[" + ", ".join(map(str, vals[:limit])) + f", … ({len(values)} ranks)]"
 
 
+def _check_distinct(array: IntArray) -> None:
+    """ValueError naming the repeated ranks (O(n) counting when ranks are dense)."""
+    n = int(array.size)
+    top = int(array.max()) + 1
+    if top <= 4 * n + 1024:
+        counts = np.bincount(array, minlength=top)
+        dup = np.flatnonzero(counts > 1)
+    else:
+        uniq, ucounts = np.unique(array, return_counts=True)
+        dup = uniq[ucounts > 1]
+    if dup.size:
+        raise ValueError(f"ranks must be distinct, but {dup[:8].tolist()} appear more than once")
+
+
 def _normalise(ranks: Any) -> tuple[int, int, int, IntArray | None]:
     """(start, step, length, explicit array or None) of a rank sequence, validated."""
     if isinstance(ranks, RankMap):
@@ -216,10 +238,7 @@ def _normalise(ranks: Any) -> tuple[int, int, int, IntArray | None]:
             return int(array[0]), int(diffs[0]), n, None
     else:
         return int(array[0]), 1, 1, None
-    uniq, counts = np.unique(array, return_counts=True)
-    if uniq.size != n:
-        dup = uniq[counts > 1][:8].tolist()
-        raise ValueError(f"ranks must be distinct, but {dup} appear more than once")
+    _check_distinct(array)
     array = array.copy()
     array.setflags(write=False)
     return 0, 0, n, array
