@@ -1,0 +1,49 @@
+"""Errors raised by :mod:`meshlayout.torch`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["MeshMismatchError", "RankTimeoutError"]
+
+
+class MeshMismatchError(ValueError):
+    """Ranks disagree about a mesh; raised on *every* participating rank.
+
+    ``groups`` maps each distinct fingerprint summary to the ranks holding it and
+    ``fields`` names the fingerprint fields that differ.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        ranks: Sequence[int] = (),
+        fields: Sequence[str] = (),
+    ) -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+        self.fields = tuple(fields)
+
+
+class RankTimeoutError(TimeoutError):
+    """Some ranks did not answer in time; ``missing`` lists them (global ranks)."""
+
+    def __init__(self, message: str, *, missing: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.missing = tuple(missing)
+
+
+def format_ranks(ranks: Sequence[int], limit: int = 16) -> str:
+    """Short, readable list of ranks: ``[0, 1, 5]`` or ``[0, 1, ... (+998 more)]``.
+
+    >>> format_ranks([3, 1])
+    '[3, 1]'
+    >>> format_ranks(range(40), limit=3)
+    '[0, 1, 2, ... (+37 more)]'
+    """
+    ranks = list(ranks)
+    if len(ranks) <= limit:
+        return "[" + ", ".join(map(str, ranks)) + "]"
+    head = ", ".join(map(str, ranks[:limit]))
+    return f"[{head}, ... (+{len(ranks) - limit} more)]"
