@@ -19,13 +19,18 @@ Mesh(pp=2, dp_replicate=1, dp_shard=2, cp=2, tp=2)
 Positions are always in the canonical dense order ``(pp, dp_replicate,
 dp_shard, cp, tp)``; ``order`` and ``ranks`` only decide which global rank sits
 at each position (the rank map), never the names or shapes of the views.
+
+>>> ParallelDims(8, dp_shard=2, tp=4, order="tp,cp,dp_shard,dp_replicate,pp").mesh("tp").group(0, "tp")
+(0, 2, 4, 6)
 """
 
 from __future__ import annotations
 
 import functools
 import operator
+import re
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -34,29 +39,29 @@ from .inttuple import is_int
 from .mesh import Mesh
 from .rank_map import RankMap
 
-__all__ = ["DENSE_DIMS", "VIEWS", "ParallelDims"]
+__all__ = ["DENSE_DIMS", "SPARSE_DIMS", "VIEWS", "ParallelDims", "hosts_spanned"]
 
+#: The dense dims, in canonical position order (outermost first).
 DENSE_DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+#: The dims of the MoE (sparse) mesh: ``dp_shard*cp*tp`` re-split as ``(efsdp, ep, etp)``.
 SPARSE_DIMS: tuple[str, ...] = ("pp", "dp_replicate", "efsdp", "ep", "etp")
 
 #: What each view is for: the collective or the job that uses its groups.
 VIEWS: dict[str, str] = {
-    "pp": "pipeline stages: point-to-point send/recv of activations",
-    "dp_replicate": "replicated data parallel: gradient all-reduce across replicas (HSDP outer)",
-    "dp_shard": "sharded data parallel: FSDP parameter all-gather / gradient reduce-scatter",
-    "cp": "context parallel: ring attention over sequence shards",
-    "tp": "tensor parallel: activation all-reduce / all-gather inside a layer",
-    "batch": "data loading: ranks that read different batches (dp_replicate x dp_shard)",
-    "loss": "loss all-reduce: every rank that holds a different part of the batch",
-    "fsdp": "parameter sharding: FSDP over dp_shard x cp",
-    "hsdp": "hybrid sharding: replicate over dp_replicate, shard over fsdp (2-D)",
-    "efsdp": "expert parameter sharding: FSDP of expert weights",
-    "ep": "expert parallel: token all-to-all between expert owners",
-    "etp": "expert tensor parallel: tensor parallel inside an expert",
-    "ehsdp": "hybrid sharding of experts: dp_replicate x efsdp (2-D)",
+    "pp": "pipeline stages: point-to-point send/recv of activations and gradients",
+    "dp_replicate": "replicated data parallel: gradient all-reduce across replicas (HSDP outer dim)",
+    "dp_shard": "sharded data parallel: the data part of FSDP (see fsdp, which adds cp)",
+    "cp": "context parallel: sequence shards exchange K/V (ring send/recv or all-gather)",
+    "tp": "tensor parallel: activation all-reduce / all-gather / reduce-scatter inside a layer",
+    "batch": "data loading: each batch group reads a different slice of the global batch",
+    "loss": "loss all-reduce: every rank that holds a different part of the batch (batch x cp)",
+    "fsdp": "parameter sharding: FSDP all-gather / reduce-scatter over dp_shard x cp",
+    "hsdp": "hybrid sharding: all-reduce over dp_replicate, FSDP over fsdp (2-D)",
+    "efsdp": "expert parameter sharding: FSDP all-gather / reduce-scatter of expert weights",
+    "ep": "expert parallel: token dispatch / combine all-to-all between expert owners",
+    "etp": "expert tensor parallel: tensor parallel inside each expert",
+    "ehsdp": "hybrid sharding of experts: all-reduce over dp_replicate, FSDP over efsdp (2-D)",
 }
-
-_DEGREE_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
 
 
 def _positive_int(name: str, value: object, *, allow_minus_one: bool = False) -> int:
@@ -71,24 +76,43 @@ def _positive_int(name: str, value: object, *, allow_minus_one: bool = False) ->
     return v
 
 
-def _product_text(names: Sequence[str], values: Sequence[int]) -> str:
-    prod = functools.reduce(operator.mul, values, 1)
-    return f"{'*'.join(names)} = {'*'.join(map(str, values))} = {prod}"
+def _prod(values: Sequence[int]) -> int:
+    return functools.reduce(operator.mul, values, 1)
+
+
+def _product_text(names: Sequence[str], degrees: Mapping[str, int]) -> str:
+    """``"a*b*c = 2*3*4 = 24"`` for the named degrees."""
+    values = [degrees[n] for n in names]
+    return f"{'*'.join(names)} = {'*'.join(map(str, values))} = {_prod(values)}"
 
 
 class ParallelDims:
     """Degrees of N-D parallelism over one world, and every named mesh over it.
 
     ``ParallelDims(world_size, *, pp=1, dp_replicate=1, dp_shard=-1, cp=1, tp=1,
-    ep=1, etp=1, order=None, ranks=None)``. ``dp_shard=-1`` is inferred as
-    ``world_size / (pp*dp_replicate*cp*tp)``. The expert region is the dense
-    ``dp_shard*cp*tp`` region re-split as ``(efsdp, ep, etp)``; any ``ep*etp``
-    dividing it is valid.
+    ep=1, etp=1, order=None, ranks=None)``.
+
+    - ``dp_shard=-1`` is inferred as ``world_size / (pp*dp_replicate*cp*tp)``.
+    - The expert region is the dense ``dp_shard*cp*tp`` region re-split as
+      ``(efsdp, ep, etp)``, ``etp`` innermost; any ``ep*etp`` dividing it is valid
+      (``etp`` need not be 1 or ``tp``, ``ep`` may span cp and tp).
+    - ``order`` places the five dense dims in rank space, **outermost first**
+      (a sequence of names or a string such as ``"pp,dp_replicate,dp_shard,cp,tp"``
+      or ``"pp-dp_replicate-dp_shard-cp-tp"``); default: tp innermost. Megatron
+      order strings list the innermost dim first: reverse them.
+    - ``ranks``: the global ranks in rank-space order (default
+      ``range(world_size)``); the rank at rank-space index ``i`` is ``ranks[i]``.
+
+    Errors show the arithmetic:
 
     >>> ParallelDims(64, pp=2, dp_shard=3, cp=2, tp=4)
     Traceback (most recent call last):
     ...
     ValueError: the degrees do not multiply to the world size: pp*dp_replicate*dp_shard*cp*tp = 2*1*3*2*4 = 48 != 64
+    >>> ParallelDims(8, tp=2, ep=3)
+    Traceback (most recent call last):
+    ...
+    ValueError: ep=3 does not divide dp_shard*cp*tp/etp = 8 (dp_shard*cp*tp = 4*1*2 = 8, etp=1), so experts cannot be laid out as (efsdp, ep, etp)
     """
 
     __slots__ = ("__dict__", "_degrees", "_order", "_rank_map", "world_size")
@@ -123,30 +147,31 @@ class ParallelDims:
             "etp": _positive_int("etp", etp),
         }
         degrees = _infer_dense(world, given)
-        region = degrees["dp_shard"] * degrees["cp"] * degrees["tp"]
-        if region % degrees["etp"] != 0:
-            raise ValueError(
-                f"etp={degrees['etp']} does not divide "
-                f"{_product_text(('dp_shard', 'cp', 'tp'), [degrees[n] for n in ('dp_shard', 'cp', 'tp')])}"
-            )
-        if (region // degrees["etp"]) % degrees["ep"] != 0:
-            raise ValueError(
-                f"ep={degrees['ep']} does not divide dp_shard*cp*tp/etp = "
-                f"{region}/{degrees['etp']} = {region // degrees['etp']}"
-            )
-        degrees["efsdp"] = region // (degrees["ep"] * degrees["etp"])
+        degrees["efsdp"] = _infer_efsdp(degrees)
+        parsed_order = _parse_order(order)
+        rank_map = _dense_rank_map(world, degrees, parsed_order, ranks)
+        self._set_state(world, degrees, parsed_order, rank_map)
+
+    def _set_state(
+        self, world: int, degrees: dict[str, int], order: tuple[str, ...], rank_map: RankMap
+    ) -> None:
         object.__setattr__(self, "world_size", world)
         object.__setattr__(self, "_degrees", degrees)
-        object.__setattr__(self, "_order", _parse_order(order))
-        object.__setattr__(self, "_rank_map", _dense_rank_map(world, degrees, self._order, ranks))
+        object.__setattr__(self, "_order", order)
+        object.__setattr__(self, "_rank_map", rank_map)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"ParallelDims is immutable; cannot set {name!r}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The validated state, not the constructor arguments: `ranks` is already
+        # folded into the rank map, which pickles compactly (a range stays a range).
+        return (_restore, (self.world_size, dict(self._degrees), self._order, self._rank_map))
+
     # ------------------------------------------------------------------ configuration
     @property
     def degrees(self) -> dict[str, int]:
-        """Every degree by name, inferred values (dp_shard, efsdp) filled in."""
+        """Every degree by name, inferred values (dp_shard, efsdp) filled in (a copy)."""
         return dict(self._degrees)
 
     @property
@@ -160,14 +185,21 @@ class ParallelDims:
         return self._rank_map
 
     def enabled(self, name: str) -> bool:
-        """True if the degree or view ``name`` has more than one rank per group."""
+        """True if the degree or view ``name`` has more than one rank per group.
+
+        >>> pd = ParallelDims(8, dp_shard=2, tp=4)
+        >>> pd.enabled("tp"), pd.enabled("cp"), pd.enabled("fsdp"), pd.enabled("efsdp")
+        (True, False, True, True)
+        """
         if name in self._degrees:
             return self._degrees[name] > 1
         return self.mesh(name).size() > 1
 
     def __repr__(self) -> str:
         degs = ", ".join(f"{k}={v}" for k, v in self._degrees.items() if k != "efsdp")
-        extra = "" if self._order == DENSE_DIMS else f", order={self._order}"
+        extra = "" if self._order == DENSE_DIMS else f", order={','.join(self._order)!r}"
+        if self._rank_map.as_range() != range(self.world_size) and self._order == DENSE_DIMS:
+            extra += f", ranks={self._rank_map!r}"
         return f"ParallelDims({self.world_size}, {degs}{extra})"
 
     def __eq__(self, other: object) -> bool:
@@ -187,9 +219,8 @@ class ParallelDims:
     @functools.cached_property
     def dense(self) -> Mesh:
         """The dense mesh ``(pp, dp_replicate, dp_shard, cp, tp)``."""
-        compact = Mesh({n: self._degrees[n] for n in DENSE_DIMS})
-        # Same axes over this object's rank map, so every view shares one inverse.
-        return Mesh._from_parts(compact.names, compact.axes, self._rank_map)
+        # Passing the RankMap object shares it (and its lazily built inverse).
+        return Mesh({n: self._degrees[n] for n in DENSE_DIMS}, ranks=self._rank_map)
 
     @functools.cached_property
     def sparse(self) -> Mesh:
@@ -210,13 +241,25 @@ class ParallelDims:
         >>> pd = ParallelDims(8, dp_replicate=2, dp_shard=2, tp=2)
         >>> pd.mesh(("dp_replicate", "fsdp")) == pd.mesh("hsdp")
         True
+        >>> pd.mesh(("batch", "tp")).names
+        ('batch', 'tp')
         """
         if isinstance(name_or_names, str):
             return self._view(name_or_names)
+        if not isinstance(name_or_names, Sequence):
+            raise TypeError(
+                f"mesh() takes a view name or a sequence of view names, got {name_or_names!r}; "
+                f"valid views are {list(VIEWS)}"
+            )
         names = tuple(name_or_names)
         if not names:
             raise ValueError(f"name at least one view; valid views are {list(VIEWS)}")
         meshes = [self._view(n) for n in names]
+        if len(names) == 1:
+            return meshes[0]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"views {list(names)} name {repeated} more than once")
         try:
             return Mesh.concat(meshes)
         except ValueError as exc:
@@ -224,14 +267,15 @@ class ParallelDims:
 
     def _view(self, name: str) -> Mesh:
         if not isinstance(name, str):
-            raise TypeError(f"a view name is a str, got {name!r}")
+            raise TypeError(f"a view name is a str, got {name!r}; valid views are {list(VIEWS)}")
         builder = _VIEW_BUILDERS.get(name)
         if builder is None:
             raise KeyError(f"unknown view {name!r}; valid views are {list(VIEWS)}")
         cache: dict[str, Mesh] = self.__dict__.setdefault("_views", {})
-        if name not in cache:
-            cache[name] = builder(self)
-        return cache[name]
+        mesh = cache.get(name)
+        if mesh is None:
+            mesh = cache[name] = builder(self)
+        return mesh
 
     def views(self) -> dict[str, Mesh]:
         """Every named view, in the order of :data:`VIEWS`."""
@@ -241,8 +285,18 @@ class ParallelDims:
     def to_dict(
         self, *, rank: int | None = None, ranks_per_host: int | None = None
     ) -> dict[str, Any]:
-        """A JSON-ready summary: degrees, order and every view with ``rank``'s group."""
+        """A JSON-ready summary: degrees, order and every view with ``rank``'s group.
+
+        ``rank`` defaults to global rank 0 (or the first rank of the map if 0 is
+        not in it). With ``ranks_per_host`` each view also gets ``hosts_spanned``
+        (O(world) per view). Plain ints, strs, lists and dicts only.
+
+        >>> d = ParallelDims(8, dp_shard=2, tp=4).to_dict(rank=5, ranks_per_host=4)
+        >>> d["views"]["tp"]["group"], d["views"]["tp"]["coordinate"], d["views"]["tp"]["hosts_spanned"]
+        ([4, 5, 6, 7], [1], 1)
+        """
         rank = self._default_rank(rank)
+        hosts = None if ranks_per_host is None else _positive_int("ranks_per_host", ranks_per_host)
         views: dict[str, Any] = {}
         for name, mesh in self.views().items():
             entry: dict[str, Any] = {
@@ -251,17 +305,19 @@ class ParallelDims:
                 "group_size": mesh.size(),
                 "num_groups": mesh.num_submeshes,
                 "rank": rank,
-                "coordinate": list(mesh.coordinate(rank) or ()),
+                "coordinate": [int(c) for c in mesh.coordinate(rank) or ()],
                 "group": mesh.submesh(rank).tolist(),
                 "purpose": VIEWS[name],
             }
-            if ranks_per_host is not None:
-                entry["hosts_spanned"] = hosts_spanned(mesh, ranks_per_host)
+            if hosts is not None:
+                entry["hosts_spanned"] = hosts_spanned(mesh, hosts)
             views[name] = entry
         return {
             "world_size": self.world_size,
             "degrees": self.degrees,
             "order": list(self._order),
+            "rank_map": _rank_map_summary(self._rank_map),
+            "ranks_per_host": hosts,
             "views": views,
         }
 
@@ -269,38 +325,42 @@ class ParallelDims:
         """A plain-text table: view, shape, number of groups, and ``rank``'s group.
 
         With ``ranks_per_host`` every view says whether its groups stay inside a
-        host (ranks ``[k*n, (k+1)*n)`` form host ``k``) or how many they cross.
+        host (ranks ``[k*n, (k+1)*n)`` form host ``k``) or, at most, how many
+        hosts one group crosses (O(world) per view).
 
-        >>> print(ParallelDims(8, dp_shard=2, tp=4).describe(ranks_per_host=4))  # doctest: +NORMALIZE_WHITESPACE
+        >>> print(ParallelDims(8, dp_shard=2, tp=4).describe(ranks_per_host=4))
         ParallelDims(8, pp=1, dp_replicate=1, dp_shard=2, cp=1, tp=4, ep=1, etp=1)
-        view          shape                       groups  group of rank 0  hosts
-        pp            pp=1                        8       [0]              stays within a host
-        dp_replicate  dp_replicate=1              8       [0]              stays within a host
-        dp_shard      dp_shard=2                  4       [0, 4]           crosses 2 hosts
-        cp            cp=1                        8       [0]              stays within a host
-        tp            tp=4                        2       [0, 1, 2, 3]     stays within a host
-        batch         batch=2                     4       [0, 4]           crosses 2 hosts
-        loss          loss=2                      4       [0, 4]           crosses 2 hosts
-        fsdp          fsdp=2                      4       [0, 4]           crosses 2 hosts
-        hsdp          dp_replicate=1 x fsdp=2     4       [[0, 4]]         crosses 2 hosts
-        efsdp         efsdp=8                     1       [0, 1, 2, 3, 4, 5, 6, 7]  crosses 2 hosts
-        ep            ep=1                        8       [0]              stays within a host
-        etp           etp=1                       8       [0]              stays within a host
-        ehsdp         dp_replicate=1 x efsdp=8    1       [[0, 1, 2, 3, 4, 5, 6, 7]]  crosses 2 hosts
+        view          shape                     groups  group of rank 0           hosts
+        pp            pp=1                      8       [0]                       stays within a host
+        dp_replicate  dp_replicate=1            8       [0]                       stays within a host
+        dp_shard      dp_shard=2                4       [0, 4]                    crosses 2 hosts
+        cp            cp=1                      8       [0]                       stays within a host
+        tp            tp=4                      2       [0, 1, 2, 3]              stays within a host
+        batch         batch=2                   4       [0, 4]                    crosses 2 hosts
+        loss          loss=2                    4       [0, 4]                    crosses 2 hosts
+        fsdp          fsdp=2                    4       [0, 4]                    crosses 2 hosts
+        hsdp          dp_replicate=1 x fsdp=2   4       [[0, 4]]                  crosses 2 hosts
+        efsdp         efsdp=8                   1       [0, 1, 2, 3, 4, 5, 6, 7]  crosses 2 hosts
+        ep            ep=1                      8       [0]                       stays within a host
+        etp           etp=1                     8       [0]                       stays within a host
+        ehsdp         dp_replicate=1 x efsdp=8  1       [[0, 1, 2, 3, 4, 5, 6, 7]]  crosses 2 hosts
         """
         rank = self._default_rank(rank)
+        hosts = None if ranks_per_host is None else _positive_int("ranks_per_host", ranks_per_host)
         header = ["view", "shape", "groups", f"group of rank {rank}"]
-        if ranks_per_host is not None:
+        if hosts is not None:
             header.append("hosts")
         rows = [header]
         for name, mesh in self.views().items():
             shape = " x ".join(f"{n}={s}" for n, s in zip(mesh.names, mesh.shape))
             row = [name, shape, str(mesh.num_submeshes), _abridge(mesh.submesh(rank).tolist())]
-            if ranks_per_host is not None:
-                k = hosts_spanned(mesh, ranks_per_host)
+            if hosts is not None:
+                k = hosts_spanned(mesh, hosts)
                 row.append("stays within a host" if k == 1 else f"crosses {k} hosts")
             rows.append(row)
-        widths = [max(len(r[i]) for r in rows[:-1] or rows) for i in range(len(header))]
+        # Pad every column but the last to the width of its 1-D entries; a long
+        # 2-D group may overflow its column rather than widen the whole table.
+        widths = [max(len(r[i]) for r in rows if "[[" not in r[i]) for i in range(len(header))]
         lines = [repr(self)]
         for r in rows:
             cells = [c.ljust(w) for c, w in zip(r[:-1], widths[:-1])] + [r[-1]]
@@ -310,9 +370,11 @@ class ParallelDims:
     def _default_rank(self, rank: int | None) -> int:
         if rank is None:
             return 0 if 0 in self._rank_map else self._rank_map[0]
+        if not is_int(rank):
+            raise TypeError(f"rank must be an int, got {rank!r} of type {type(rank).__name__}")
         if rank not in self._rank_map:
             raise ValueError(f"rank {rank} is not in this world ({self._rank_map!r})")
-        return rank
+        return int(rank)
 
     # ------------------------------------------------------------------ runtime
     def build(self, device_type: str = "cpu", **kwargs: Any) -> Any:
@@ -325,6 +387,15 @@ class ParallelDims:
 
         runtime = importlib.import_module("meshlayout.torch")  # lazy: layer 4 imports torch
         return runtime.build_parallel_dims(self, device_type, **kwargs)
+
+
+def _restore(
+    world: int, degrees: dict[str, int], order: tuple[str, ...], rank_map: RankMap
+) -> ParallelDims:
+    """Unpickle: rebuild from validated state without re-running the checks."""
+    pd = ParallelDims.__new__(ParallelDims)
+    pd._set_state(world, degrees, order, rank_map)
+    return pd
 
 
 # ---------------------------------------------------------------------- views
@@ -356,6 +427,10 @@ def hosts_spanned(mesh: Mesh, ranks_per_host: int) -> int:
     """Most hosts any one sub-mesh of ``mesh`` touches (host of rank r: r // ranks_per_host).
 
     O(world): enumerates every sub-mesh.
+
+    >>> pd = ParallelDims(16, dp_shard=2, tp=8)
+    >>> hosts_spanned(pd.mesh("tp"), 8), hosts_spanned(pd.mesh("dp_shard"), 8)
+    (1, 2)
     """
     n = _positive_int("ranks_per_host", ranks_per_host)
     hosts = np.sort(mesh.submeshes().reshape(mesh.num_submeshes, -1) // n, axis=1)
@@ -363,47 +438,106 @@ def hosts_spanned(mesh: Mesh, ranks_per_host: int) -> int:
     return int(distinct.max())
 
 
-def _abridge(group: Any, limit: int = 16) -> str:
+def _abridge(group: Any, limit: int = 8) -> str:
     text = str(group)
     if len(text) <= 60:
         return text
     flat = np.asarray(group).reshape(-1).tolist()
-    head = ", ".join(map(str, flat[: limit // 2]))
+    head = ", ".join(map(str, flat[:limit]))
     return f"[{head}, … ({len(flat)} ranks)]"
+
+
+def _rank_map_summary(rank_map: RankMap) -> dict[str, Any]:
+    rng = rank_map.as_range()
+    if rng is not None:
+        return {"start": rng.start, "stop": rng.stop, "step": rng.step}
+    return {"ranks": [int(r) for r in rank_map]}
+
+
+# ---------------------------------------------------------------------- validation
 
 
 def _infer_dense(world: int, given: dict[str, int]) -> dict[str, int]:
     others = ("pp", "dp_replicate", "cp", "tp")
     degrees = dict(given)
     if degrees["dp_shard"] == -1:
-        rest = functools.reduce(operator.mul, (degrees[n] for n in others), 1)
+        rest = _prod([degrees[n] for n in others])
         if world % rest != 0:
             raise ValueError(
                 f"dp_shard=-1 cannot be inferred: world_size {world} is not divisible by "
-                f"{_product_text(others, [degrees[n] for n in others])}"
+                f"{_product_text(others, degrees)}"
             )
         degrees["dp_shard"] = world // rest
-    total = functools.reduce(operator.mul, (degrees[n] for n in DENSE_DIMS), 1)
+    total = _prod([degrees[n] for n in DENSE_DIMS])
     if total != world:
         raise ValueError(
             "the degrees do not multiply to the world size: "
-            f"{_product_text(DENSE_DIMS, [degrees[n] for n in DENSE_DIMS])} != {world}"
+            f"{_product_text(DENSE_DIMS, degrees)} != {world}"
         )
     return degrees
+
+
+def _infer_efsdp(degrees: Mapping[str, int]) -> int:
+    """``dp_shard*cp*tp / (ep*etp)``, or ValueError showing why it is not an integer."""
+    region_dims = ("dp_shard", "cp", "tp")
+    region = _prod([degrees[n] for n in region_dims])
+    ep, etp = degrees["ep"], degrees["etp"]
+    if region % etp != 0:
+        raise ValueError(
+            f"etp={etp} does not divide {_product_text(region_dims, degrees)}, so experts "
+            "cannot be laid out as (efsdp, ep, etp)"
+        )
+    if (region // etp) % ep != 0:
+        raise ValueError(
+            f"ep={ep} does not divide dp_shard*cp*tp/etp = {region // etp} "
+            f"({_product_text(region_dims, degrees)}, etp={etp}), so experts cannot be laid "
+            "out as (efsdp, ep, etp)"
+        )
+    return region // (ep * etp)
+
+
+_ORDER_SEPARATORS = re.compile(r"[\s,\-]+")
 
 
 def _parse_order(order: Sequence[str] | str | None) -> tuple[str, ...]:
     if order is None:
         return DENSE_DIMS
     if isinstance(order, str):
-        parsed = tuple(p.strip() for p in order.replace("-", ",").split(",") if p.strip())
+        parsed: tuple[object, ...] = tuple(p for p in _ORDER_SEPARATORS.split(order) if p)
+    elif isinstance(order, (AbstractSet, Mapping)) or not isinstance(order, Sequence):
+        raise TypeError(
+            "order must be a sequence of dim names or a string like "
+            f"'pp,dp_replicate,dp_shard,cp,tp' (outermost first), got {order!r}"
+        )
     else:
         parsed = tuple(order)
-    if sorted(parsed) != sorted(DENSE_DIMS) or len(parsed) != len(DENSE_DIMS):
-        raise ValueError(
-            f"order must be a permutation of {list(DENSE_DIMS)} (outermost first), got {list(parsed)}"
+    names = [p for p in parsed if isinstance(p, str)]
+    if len(names) != len(parsed):
+        raise TypeError(f"order must contain dim names (str), got {list(parsed)!r}")
+    if sorted(names) == sorted(DENSE_DIMS):
+        return tuple(names)
+    problems = []
+    unknown = [n for n in names if n not in DENSE_DIMS]
+    if unknown:
+        problems.append(f"unknown {unknown}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        problems.append(f"repeated {repeated}")
+    missing = [n for n in DENSE_DIMS if n not in names]
+    if missing:
+        problems.append(f"missing {missing}")
+    hint = ""
+    if "dp" in names or "ep" in names:
+        hint = (
+            "; a Megatron order string lists the innermost dim first and uses 'dp' and "
+            "'ep': reverse it, write 'dp' as 'dp_replicate,dp_shard' and drop 'ep' "
+            "(experts are carved from dp_shard*cp*tp), e.g. 'tp-cp-ep-dp-pp' is "
+            "'pp,dp_replicate,dp_shard,cp,tp'"
         )
-    return parsed
+    raise ValueError(
+        f"order must be a permutation of {list(DENSE_DIMS)} (outermost first), got "
+        f"{list(names)}: {', '.join(problems)}{hint}"
+    )
 
 
 def _dense_rank_map(
@@ -413,7 +547,8 @@ def _dense_rank_map(
     base = RankMap(range(world) if ranks is None else ranks)
     if len(base) != world:
         raise ValueError(f"ranks has {len(base)} entries but world_size is {world}")
-    if order == DENSE_DIMS:
+    # Only dims of size > 1 move ranks: skip the permutation when those keep their order.
+    if [n for n in order if degrees[n] > 1] == [n for n in DENSE_DIMS if degrees[n] > 1]:
         return base
     sizes_in_order = [degrees[n] for n in order]
     to_canonical = [order.index(n) for n in DENSE_DIMS]
