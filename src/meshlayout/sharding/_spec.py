@@ -311,7 +311,7 @@ class ShardingSpec:
                     f"piece of rank {rank} has shape {shape}, expected {self.local_shape(rank)}"
                 )
             key = (
-                sub_of[rank] if sub_of is not None else 0,
+                sub_of[rank] if sub_of is not None else rank,
                 tuple(c for m, c in enumerate(coord) if m not in pdims),
             )
             groups.setdefault(key, {})[tuple(coord)] = (rank, piece)
