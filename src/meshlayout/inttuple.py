@@ -13,9 +13,10 @@ An IntTuple is an ``int`` or a tuple of IntTuples, e.g. ``8``, ``(2, 4)`` or
 
 from __future__ import annotations
 
-from typing import TypeAlias, Union
+import operator
+from typing import SupportsIndex, TypeAlias, cast
 
-IntTuple: TypeAlias = Union[int, tuple["IntTuple", ...]]
+IntTuple: TypeAlias = int | tuple["IntTuple", ...]
 
 __all__ = [
     "IntTuple",
@@ -44,12 +45,11 @@ def check_int_tuple(x: object, what: str) -> IntTuple:
     (nested) tuple/list of ints (floats, strings and bools included).
     """
     if is_int(x):
-        return int(x)  # type: ignore[call-overload]
+        return operator.index(cast(SupportsIndex, x))
     if isinstance(x, (tuple, list)):
         return tuple(check_int_tuple(e, what) for e in x)
     raise TypeError(
-        f"{what} must be an int or a (nested) tuple of ints, got {x!r} of type "
-        f"{type(x).__name__}"
+        f"{what} must be an int or a (nested) tuple of ints, got {x!r} of type {type(x).__name__}"
     )
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -56,8 +57,11 @@ Mode = tuple[int, int]  # (size, stride) of one flat mode
 
 
 def _fmt(t: IntTuple) -> str:
+    """``(2,(3,4))``-style text; a 1-tuple keeps its comma so that parsing round-trips."""
     if isinstance(t, int):
         return str(t)
+    if len(t) == 1:
+        return "(" + _fmt(t[0]) + ",)"
     return "(" + ",".join(_fmt(e) for e in t) + ")"
 
 
@@ -77,6 +81,7 @@ class Layout:
 
     __slots__ = ("_hash", "shape", "stride")
 
+    _hash: int
     shape: tuple[IntTuple, ...]
     stride: tuple[IntTuple, ...]
 
@@ -114,6 +119,9 @@ class Layout:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"Layout is immutable; cannot set {name!r}")
 
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Layout is immutable; cannot delete {name!r}")
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Layout):
             return NotImplemented
@@ -146,9 +154,9 @@ class Layout:
             raise ValueError(f"cannot parse layout {text!r}; expected 'shape:stride' or 'shape'")
         try:
             values = [ast.literal_eval(p) for p in parts]
-        except (ValueError, SyntaxError) as exc:
+            return cls(*values)
+        except (ValueError, SyntaxError, TypeError) as exc:
             raise ValueError(f"cannot parse layout {text!r}: {exc}") from None
-        return cls(*values)
 
     # ------------------------------------------------------------------ structure
     def __len__(self) -> int:
@@ -157,8 +165,9 @@ class Layout:
     def __getitem__(self, i: int | slice) -> Layout:
         if isinstance(i, slice):
             return Layout(self.shape[i], self.stride[i])
-        if not isinstance(i, int) or isinstance(i, bool):
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
             raise TypeError(f"Layout index must be an int or slice, got {i!r}")
+        i = int(i)
         if not -len(self) <= i < len(self):
             raise IndexError(f"mode {i} out of range for {self!r} with {len(self)} modes")
         return Layout(self.shape[i], self.stride[i])
@@ -357,14 +366,33 @@ def _eval(shape: IntTuple, stride: IntTuple, coord: Any, top: Layout) -> int:
     return value
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)  # at most 16 arrays: a 2**20-element one is 8 MB
 def _indices(layout: Layout) -> npt.NDArray[np.int64]:
-    out = np.zeros(1, dtype=np.int64)
-    for s, d in layout.modes:
-        step = np.arange(s, dtype=np.int64) * d
-        out = (out[:, None] + step[None, :]).reshape(-1)
+    out = _mode_values(layout.modes)
     out.setflags(write=False)
     return out
+
+
+def _mode_values(modes: tuple[Mode, ...]) -> npt.NDArray[np.int64]:
+    """Row-major values of flat modes: the slow half's values outer-plus the fast half's.
+
+    Splitting by size keeps every intermediate array at most ~sqrt(size) long, so the
+    only full-size allocation is the final outer sum.
+    """
+    if not modes:
+        return np.zeros(1, dtype=np.int64)
+    if len(modes) == 1:
+        s, d = modes[0]
+        return np.arange(s, dtype=np.int64) * d
+    total = product(tuple(s for s, _ in modes))
+    acc, cut = 1, 1
+    for k, (s, _) in enumerate(modes[:-1], start=1):
+        acc *= s
+        cut = k
+        if acc * acc >= total:
+            break
+    slow, fast = _mode_values(modes[:cut]), _mode_values(modes[cut:])
+    return np.add.outer(slow, fast).reshape(-1)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -423,10 +451,29 @@ def _require_injective_admissible(layout: Layout, op: str) -> None:
         )
     problem = _admissibility_problem(layout)
     if problem is not None:
-        raise ValueError(f"{op} of {layout!r} is undefined: the layout is not admissible: {problem}")
+        raise ValueError(
+            f"{op} of {layout!r} is undefined: the layout is not admissible: {problem}"
+        )
 
 
 # ---------------------------------------------------------------------- composition
+
+
+def _overlap_problem(b: Layout) -> str | None:
+    """Why the non-broadcast modes of ``b`` overlap (None if they do not).
+
+    Sorted by stride, each mode must start at or after the span (size×stride) of the
+    previous one, so that the values of different modes add without carries.
+    Unlike admissibility, holes are allowed: ``(2,2):(3,1)`` does not overlap.
+    """
+    modes = sorted((m for m in b.modes if m[0] > 1 and m[1] != 0), key=lambda m: (m[1], m[0]))
+    for (s0, d0), (s1, d1) in itertools.pairwise(modes):
+        if d1 < s0 * d0:
+            return (
+                f"the mode {s1}:{d1} starts inside the span {s0 * d0} of the mode {s0}:{d0} "
+                f"({d1} < {s0}*{d0})"
+            )
+    return None
 
 
 def _compose_by_mode(a: Layout, tilers: tuple[Any, ...]) -> Layout:
@@ -448,14 +495,12 @@ def _compose(a: Layout, b: Layout) -> Layout:
             f"cannot compose {a!r} ∘ {b!r}: domain: {b!r} reaches index {b.cosize() - 1} "
             f"but {a!r} is defined on [0, {a.size()})"
         )
-    flat_b = [m for m in b.modes if m[0] > 1 and m[1] != 0]
-    if len(flat_b) > 1:
-        problem = _admissibility_problem(Layout(*_pack(flat_b)))
-        if problem is not None:
-            raise ValueError(
-                f"cannot compose {a!r} ∘ {b!r}: the modes of {b!r} overlap "
-                f"(they must cover disjoint digit ranges): {problem}"
-            )
+    problem = _overlap_problem(b)
+    if problem is not None:
+        raise ValueError(
+            f"cannot compose {a!r} ∘ {b!r}: the modes of {b!r} overlap "
+            f"(they must cover disjoint digit ranges): {problem}"
+        )
     a_modes = a.coalesce().modes
     flat_results = [_compose_mode(a, b, a_modes, s, d) for s, d in b.modes]
     it = iter(flat_results)
@@ -532,9 +577,7 @@ def _right_inverse(a: Layout) -> Layout:
     flat = a.coalesce()
     shapes = tuple(s for s, _ in flat.modes)
     domain_strides = suffix_product(shapes)
-    pairs = sorted(
-        (d, s, ds) for (s, d), ds in zip(flat.modes, domain_strides) if s > 1 and d > 0
-    )
+    pairs = sorted((d, s, ds) for (s, d), ds in zip(flat.modes, domain_strides) if s > 1 and d > 0)
     result: list[Mode] = []  # fastest first
     current = 1
     for d, s, ds in pairs:
@@ -565,12 +608,27 @@ def logical_divide(a: Layout, tiler: Layout | int) -> Layout:
     >>> logical_divide(Layout(24), Layout(4, 6))
     (6,4):(1,6)
 
-    Equals ``a ∘ make_layout(complement(tiler, size(a)), tiler)``.
+    Equals ``a ∘ make_layout(complement(tiler, size(a)), tiler)``. The tiles must
+    fit ``a`` exactly: a tiler that would pad past ``size(a)`` raises ``ValueError``
+    (CuTe would silently evaluate ``a`` outside its domain):
+
+    >>> logical_divide(Layout(6), 4)
+    Traceback (most recent call last):
+    ...
+    ValueError: cannot divide 6:1 by 4:1: the tiles (2,4):(4,1) reach index 7 but 6:1 is \
+defined on [0, 6) (the tiler must tile the size of the layout exactly)
     """
     if not isinstance(a, Layout):
         raise TypeError(f"logical_divide expects a Layout first, got {type(a).__name__}")
     b = _as_layout(tiler, "logical_divide")
     rest = b.complement(a.size())
+    whole = make_layout(rest, b)
+    if whole.cosize() > a.size():
+        raise ValueError(
+            f"cannot divide {a!r} by {b!r}: the tiles {whole!r} reach index "
+            f"{whole.cosize() - 1} but {a!r} is defined on [0, {a.size()}) "
+            "(the tiler must tile the size of the layout exactly)"
+        )
     return make_layout(a.compose(rest), a.compose(b))
 
 
