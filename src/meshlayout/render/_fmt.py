@@ -1,0 +1,86 @@
+"""Compact text for rank lists, coordinates and runs; aligned plain-text tables."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+__all__ = ["coord_text", "range_label", "ranks_text", "runs_text", "table"]
+
+
+def ranks_text(ranks: Sequence[int], limit: int = 8) -> str:
+    """A rank list, abridged: ``[0, 8, .., 56]`` for long progressions.
+
+    >>> ranks_text([0, 1, 2, 3])
+    '[0, 1, 2, 3]'
+    >>> ranks_text(list(range(0, 64, 8)) + [64])
+    '[0, 8, 16, 24, 32, 40, 48, 56, 64]'
+    >>> ranks_text(range(0, 4096, 2))
+    '[0, 2, .., 4094] (2048 ranks)'
+    >>> ranks_text([5, 3, 9, 1, 7, 2, 8, 0, 4, 6, 11])
+    '[5, 3, 9, 1, 7, 2, .. +5] (11 ranks)'
+    """
+    xs = [int(r) for r in ranks]
+    n = len(xs)
+    if n <= max(limit + 1, 3):
+        return "[" + ", ".join(map(str, xs)) + "]"
+    step = xs[1] - xs[0]
+    if step != 0 and all(b - a == step for a, b in itertools.pairwise(xs)):
+        return f"[{xs[0]}, {xs[1]}, .., {xs[-1]}] ({n} ranks)"
+    head = ", ".join(map(str, xs[: limit - 2]))
+    return f"[{head}, .. +{n - limit + 2}] ({n} ranks)"
+
+
+def range_label(ranks: Sequence[int]) -> str:
+    """Shortest label of a rank set: ``0-7``, ``0-56/8`` (step), or ``first..last``.
+
+    >>> range_label([0, 1, 2, 3]), range_label([4, 12, 20]), range_label([5]), range_label([3, 1])
+    ('0-3', '4-20/8', '5', '3,1')
+    """
+    xs = [int(r) for r in ranks]
+    if len(xs) == 1:
+        return str(xs[0])
+    step = xs[1] - xs[0]
+    if len(xs) >= 3 and step > 0 and all(b - a == step for a, b in itertools.pairwise(xs)):
+        return f"{xs[0]}-{xs[-1]}" + ("" if step == 1 else f"/{step}")
+    if len(xs) == 2:
+        return f"{xs[0]},{xs[1]}"
+    return f"{xs[0]}..{xs[-1]}"
+
+
+def coord_text(names: Sequence[str], coord: Sequence[int]) -> str:
+    """``pp=0,tp=3``.
+
+    >>> coord_text(("pp", "tp"), (0, 3))
+    'pp=0,tp=3'
+    """
+    return ",".join(f"{n}={c}" for n, c in zip(names, coord))
+
+
+def runs_text(runs: Sequence[tuple[int, int]]) -> str:
+    """Half-open runs: ``[0:2)+[4:5)``; ``-`` when empty.
+
+    >>> runs_text([(0, 2), (4, 5)]), runs_text([])
+    ('[0:2)+[4:5)', '-')
+    """
+    if not runs:
+        return "-"
+    return "+".join(f"[{a}:{b})" for a, b in runs)
+
+
+def table(rows: Sequence[Sequence[str]], indent: str = "") -> str:
+    """Left-aligned columns separated by two spaces; the last column is not padded.
+
+    >>> print(table([["a", "bb", "c"], ["ddd", "e", "f"]]))
+    a    bb  c
+    ddd  e   f
+    """
+    if not rows:
+        return ""
+    ncol = max(len(r) for r in rows)
+    widths = [max((len(r[i]) for r in rows if i < len(r)), default=0) for i in range(ncol)]
+    lines = []
+    for r in rows:
+        cells = [c.ljust(widths[i]) if i < len(r) - 1 else c for i, c in enumerate(r)]
+        lines.append((indent + "  ".join(cells)).rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,218 @@
+"""SVG picture of a sharding: tensor cells coloured by the ranks holding them, runs outlined.
+
+A 2-D tensor is drawn as rows x columns, a 1-D tensor as one row; for more dims
+the first two are drawn. Up to ``cell_limit`` elements per dim every element is
+a cell; beyond that the tensor is drawn to scale as blocks between run bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..sharding import ShardingSpec
+from ._fmt import coord_text, runs_text
+from ._svg import Svg, fill_colour, stroke_colour
+from .reports import placement_text
+from .torch_view import torch_spec_runs
+
+__all__ = ["sharding_picture", "sharding_svg"]
+
+MARGIN = 16
+LINE_H = 16
+Run = tuple[int, int]
+RunsOf = Callable[[int], Sequence[Sequence[Run]]]
+
+
+def _bounds(n: int, runs: list[Sequence[Run]]) -> list[int]:
+    cuts = {0, n}
+    for rs in runs:
+        for a, b in rs:
+            cuts.update((a, b))
+    return sorted(cuts)
+
+
+def sharding_picture(
+    spec: ShardingSpec,
+    *,
+    torch_view: bool = False,
+    title: str | None = None,
+    cell_limit: int = 64,
+    size: float = 560,
+) -> Svg:
+    """The picture behind :func:`sharding_svg`, as an :class:`Svg`."""
+    mesh = spec.mesh
+    ranks = [int(r) for r in np.asarray(mesh.submeshes()).reshape(-1)]
+    runs_of: RunsOf = (lambda r: torch_spec_runs(spec, r)) if torch_view else spec.local_runs
+    shape = spec.global_shape
+    col_dim = 0 if len(shape) == 1 else 1
+    drawn_rows = len(shape) > 1
+    n_rows = shape[0] if drawn_rows else 1
+    n_cols = shape[col_dim]
+
+    def rect_runs(r: int) -> tuple[Sequence[Run], Sequence[Run]]:
+        runs = runs_of(r)
+        rows: Sequence[Run] = runs[0] if drawn_rows else [(0, 1)]
+        if any(not runs[d] for d in range(col_dim + 1, len(shape))):
+            return [], []  # holds nothing along an undrawn dim
+        return rows, runs[col_dim]
+
+    pieces = {r: rect_runs(r) for r in ranks}
+    rb = _bounds(n_rows, [p[0] for p in pieces.values()])
+    cb = _bounds(n_cols, [p[1] for p in pieces.values()])
+    holders: dict[tuple[int, int], list[int]] = {}
+    for r, (rows, cols) in pieces.items():
+        for a, b in rows:
+            for c, d in cols:
+                for i in range(rb.index(a), rb.index(b)):
+                    for j in range(cb.index(c), cb.index(d)):
+                        holders.setdefault((i, j), []).append(r)
+    sets: dict[tuple[int, ...], int] = {}
+    for key in sorted(holders, key=lambda k: holders[k][0]):
+        sets.setdefault(tuple(holders[key]), len(sets))
+
+    cells = n_rows <= cell_limit and n_cols <= cell_limit
+    if cells:
+        sx = sy = max(14.0, min(40.0, size / max(n_rows, n_cols, 1)))
+    else:
+        sx = float(size) / max(n_cols, 1)
+        sy = min(size / max(n_rows, 1), max(sx, 4.0)) if drawn_rows else 40.0
+    gw, gh = n_cols * sx, n_rows * sy
+    placements = ", ".join(placement_text(p) for p in spec.placements())
+    dims = " x ".join(f"{n}={s}" for n, s in zip(mesh.names, mesh.shape))
+    head = title or f"tensor {shape} on {dims}: {placements}"
+    if torch_view:
+        head += "  (as torch 2.13 computes it)"
+    legend = _legend(spec, ranks, runs_of, sets)
+    if len(shape) > 2:
+        legend.insert(0, (f"dims 0 x 1 drawn; dims 2.. of shape {shape} not shown", None))
+    top = MARGIN + 30
+    left = MARGIN + 34
+    width = max(left + gw, 7 * max(len(t) for t, _ in [(head, 0), *legend]) + 40) + MARGIN
+    height = top + gh + 14 + LINE_H * len(legend) + MARGIN
+    svg = Svg(width, height)
+    svg.parts.append("<style>rect.cell:hover,rect.block:hover{stroke:#000;stroke-width:2}</style>")
+    svg.text(MARGIN, MARGIN + 8, head, font_size=13, font_weight="bold")
+    axis = f"rows: dim 0 ({n_rows}), columns: dim {col_dim} ({n_cols})"
+    svg.text(MARGIN, MARGIN + 24, axis if drawn_rows else f"dim 0 ({n_cols})", fill="#555")
+
+    def colour(key: tuple[int, int]) -> str:
+        h = holders.get(key)
+        return fill_colour(sets[tuple(h)]) if h else "white"
+
+    def held(key: tuple[int, int]) -> str:
+        h = holders.get(key)
+        return (
+            f"held by rank{'s' * (len(h or []) > 1)} {', '.join(map(str, h))}"
+            if h
+            else "held by no rank"
+        )
+
+    if cells:
+        for i in range(n_rows):
+            bi = np.searchsorted(rb, i, side="right") - 1
+            for j in range(n_cols):
+                bj = np.searchsorted(cb, j, side="right") - 1
+                key = (int(bi), int(bj))
+                where = f"[{i}, {j}]" if drawn_rows else f"[{j}]"
+                svg.rect(
+                    left + j * sx,
+                    top + i * sy,
+                    sx,
+                    sy,
+                    f"element {where} {held(key)}",
+                    fill=colour(key),
+                    stroke="white",
+                    stroke_width=1,
+                    class_="cell",
+                )
+        for i in range(0, n_rows, max(1, n_rows // 16)) if drawn_rows else ():
+            svg.text(
+                left - 4, top + i * sy + sy / 2 + 4, i, text_anchor="end", font_size=9, fill="#555"
+            )
+    else:
+        for i, j in sorted(
+            set(holders) | {(i, j) for i in range(len(rb) - 1) for j in range(len(cb) - 1)}
+        ):
+            where = f"rows [{rb[i]}:{rb[i + 1]}) cols [{cb[j]}:{cb[j + 1]})"
+            svg.rect(
+                left + cb[j] * sx,
+                top + rb[i] * sy,
+                (cb[j + 1] - cb[j]) * sx,
+                (rb[i + 1] - rb[i]) * sy,
+                f"{where} {held((i, j))}",
+                fill=colour((i, j)),
+                stroke="white",
+                stroke_width=0.5,
+                class_="block",
+            )
+    # runs: one outline per distinct rectangle, labelled with the ranks that hold it
+    boxes: dict[tuple[Run, Run], list[str]] = {}
+    for r, (rows, cols) in pieces.items():
+        nrun = len(rows) * len(cols)
+        for k, (a, b) in enumerate(rows):
+            for m, (cc, d) in enumerate(cols):
+                tag = f"r{r}" + (f"#{k * len(cols) + m + 1}/{nrun}" if nrun > 1 else "")
+                boxes.setdefault(((a, b), (cc, d)), []).append(tag)
+    for ((a, b), (cc, d)), tags in boxes.items():
+        x, y, w, h = left + cc * sx, top + a * sy, (d - cc) * sx, (b - a) * sy
+        gi = sets.get(tuple(int(t[1:].split("#")[0]) for t in tags), 0)
+        svg.rect(
+            x + 1,
+            y + 1,
+            w - 2,
+            h - 2,
+            f"{' '.join(tags)}: rows [{a}:{b}) cols [{cc}:{d})",
+            fill="none",
+            stroke=stroke_colour(gi),
+            stroke_width=2,
+            class_="run",
+        )
+        label = ",".join(tags) if len(tags) <= 3 else f"{tags[0]}+{len(tags) - 1}"
+        if len(label) * 6.2 + 4 <= w and h >= 13:
+            svg.text(x + 4, y + 12, label, font_size=10, font_weight="bold", fill="#111")
+    y = top + gh + 18
+    for text, lg in legend:
+        if lg is not None:
+            svg.rect(MARGIN, y - 10, 14, 12, fill=fill_colour(lg), stroke=stroke_colour(lg))
+            svg.text(MARGIN + 20, y, text)
+        else:
+            svg.text(MARGIN, y, text, fill="#333")
+        y += LINE_H
+    return svg
+
+
+def _legend(
+    spec: ShardingSpec, ranks: list[int], runs_of: RunsOf, sets: dict[tuple[int, ...], int]
+) -> list[tuple[str, int | None]]:
+    out: list[tuple[str, int | None]] = []
+    colour_of: dict[int, int] = {}
+    for held_by, gi in sets.items():
+        for r in held_by:
+            colour_of.setdefault(r, gi)
+    for r in ranks[:24]:
+        runs = runs_of(r)
+        where = " x ".join(runs_text(x) for x in runs)
+        coord = coord_text(spec.mesh.names, spec.mesh.coordinate(r) or ())
+        box = "" if all(len(x) <= 1 for x in runs) else "  (not a box)"
+        out.append((f"rank {r} ({coord}): {where}{box}", colour_of.get(r)))
+    if len(ranks) > 24:
+        out.append((f".. {len(ranks) - 24} more ranks", None))
+    return out
+
+
+def sharding_svg(spec: ShardingSpec, **options: object) -> str:
+    """SVG document of ``spec``: cells coloured by holder ranks, every run outlined.
+
+    Options: ``torch_view=True`` draws what torch 2.13's
+    ``compute_local_shape_and_global_offset`` assumes; ``title``; ``cell_limit``.
+
+    >>> from meshlayout import Mesh
+    >>> from meshlayout.sharding import Shard, ShardingSpec, StridedShard
+    >>> spec = ShardingSpec((7, 4), Mesh({"dp": 3, "tp": 2}), [StridedShard(0, 2), Shard(0)])
+    >>> svg = sharding_svg(spec)
+    >>> svg.count('class="cell"'), svg.count('class="run"')
+    (28, 5)
+    """
+    return sharding_picture(spec, **options).to_string()  # type: ignore[arg-type]

@@ -1,0 +1,223 @@
+"""Plain-text pictures of the reports in :mod:`meshlayout.render.reports`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ._fmt import coord_text, ranks_text, runs_text, table
+
+__all__ = ["mesh_grid_text", "mesh_text", "plan_text", "shard_grid_text", "shard_text"]
+
+SHOW_GROUPS = 6  # groups listed per view before abridging
+
+
+def _shape_text(dims: Sequence[str], shape: Sequence[int]) -> str:
+    return " x ".join(f"{n}={s}" for n, s in zip(dims, shape))
+
+
+def _hosts_cell(v: dict[str, Any]) -> str:
+    k = v["hosts_spanned"]
+    if k is None:
+        return ""
+    if k == 1:
+        return "in host"
+    return f"crosses {k} ({v['crossing_groups']}/{v['num_groups']} groups)"
+
+
+def plan_text(report: dict[str, Any], *, all_groups: bool = False) -> str:
+    """The ``plan`` report as text: a view table, each view's groups, ``rank``'s place."""
+    d = report["degrees"]
+    degs = ", ".join(f"{k}={v}" for k, v in d.items() if k != "efsdp")
+    lines = [f"ParallelDims({report['world_size']}, {degs})  ->  efsdp={d['efsdp']}"]
+    where = f"order {' > '.join(report['order'])} (outermost first)"
+    rph = report["ranks_per_host"]
+    if rph is not None:
+        where += f"; {rph} ranks per host, {report['num_hosts']} hosts"
+    lines += [where, ""]
+    hosts = rph is not None
+    head = ["view", "shape", "size", "groups"] + (["hosts"] if hosts else []) + ["purpose"]
+    rows = [head]
+    for name, v in report["views"].items():
+        row = [name, _shape_text(v["dims"], v["shape"]), str(v["group_size"]), str(v["num_groups"])]
+        if hosts:
+            row.append(_hosts_cell(v))
+        rows.append([*row, v["purpose"]])
+    lines.append(table(rows))
+    lines += ["", "groups" + ("  (* = crosses hosts)" if hosts else "") + ":"]
+    for name, v in report["views"].items():
+        groups = v["groups"]
+        n = len(groups)
+        lines.append(f"  {name}: {n} group{'s' * (n != 1)} of {v['group_size']}")
+        shown = range(n) if all_groups or n <= SHOW_GROUPS + 2 else [*range(SHOW_GROUPS), n - 1]
+        prev = -1
+        for i in shown:
+            if i != prev + 1:
+                lines.append(f"      .. {i - prev - 1} more ..")
+            mark = ""
+            if hosts and len({r // rph for r in groups[i]}) > 1:
+                mark = " *"
+            lines.append(f"    {i:>4}: {ranks_text(groups[i])}{mark}")
+            prev = i
+    r = report["rank"]
+    if r is not None:
+        lines += ["", f"rank {r}:"]
+        rows = [["view", "coordinate", "group #", "group"]]
+        for name, v in report["views"].items():
+            me = v["rank"]
+            mark = ""
+            if hosts and len({x // rph for x in me["group"]}) > 1:
+                mark = " *"
+            rows.append(
+                [
+                    name,
+                    coord_text(v["dims"], me["coordinate"]),
+                    str(me["group_index"]),
+                    ranks_text(me["group"], 16) + mark,
+                ]
+            )
+        lines.append(table(rows, indent="  "))
+    return "\n".join(lines)
+
+
+def mesh_grid_text(dims: Sequence[str], sub: Any, *, mark: int | None = None) -> str:
+    """An N-D array of ranks as 2-D tables (rows: second-last dim, columns: last dim).
+
+    >>> print(mesh_grid_text(("dp", "tp"), np.arange(4).reshape(2, 2), mark=3))
+    dp\\tp    0    1
+    0        0    1
+    1        2  [3]
+    """
+    arr = np.asarray(sub)
+    if arr.ndim == 1:
+        arr, dims = arr.reshape(1, -1), ("", *dims)
+    width = max(len(str(int(arr.max()))) + 2, 3)
+    blocks = []
+    for lead in np.ndindex(*arr.shape[:-2]):
+        panel = arr[lead]
+        head = coord_text(dims[:-2], lead)
+        rows = [[f"{dims[-2]}\\{dims[-1]}" if dims[-2] else dims[-1]]]
+        rows[0] += [str(c).rjust(width) for c in range(panel.shape[1])]
+        for i, line in enumerate(panel):
+            cells = [f"[{v}]" if mark is not None and v == mark else str(v) for v in line]
+            rows.append([str(i) if dims[-2] else "", *[c.rjust(width) for c in cells]])
+        text = table(rows)
+        blocks.append(f"{head}:\n{text}" if head else text)
+    return "\n\n".join(blocks)
+
+
+def mesh_text(report: dict[str, Any], *, max_cells: int = 512) -> str:
+    """The ``mesh`` report as text: dims, layout, groups per dim, a grid of the sub-mesh."""
+    dims, shape = report["dims"], report["shape"]
+    lines = [f"Mesh({_shape_text(dims, shape).replace(' x ', ', ')})"]
+    rng = report["rank_map_range"]
+    ranks = f"range({rng[0]}, {rng[1]}" + (f", {rng[2]})" if rng[2] != 1 else ")") if rng else None
+    lines.append(f"  layout      {report['layout']}  (coordinate -> position)")
+    lines.append(f"  rank map    {ranks or ranks_text(report['rank_map'])}")
+    subs = report["num_submeshes"]
+    lines.append(f"  sub-meshes  {subs} of {report['size']} ranks each")
+    for op in report["operations"]:
+        lines.append(f"  applied     --{op['op']} {op['arg']}")
+    lines += ["", "groups per dim:"]
+    for n, groups in report["groups"].items():
+        k = len(groups)
+        shown = [*range(min(k, SHOW_GROUPS))]
+        body = "; ".join(ranks_text(g) for g in (groups[i] for i in shown))
+        more = f"; .. +{k - len(shown)} more" if k > len(shown) else ""
+        lines.append(f"  {n} ({k} groups of {len(groups[0])}): {body}{more}")
+    r = report["rank"]
+    if r is not None:
+        lines += ["", f"rank {r['rank']}: coordinate {coord_text(dims, r['coordinate'])}"]
+        lines.append(table([[n, ranks_text(g, 16)] for n, g in r["groups"].items()], "  "))
+        sub, title = r["submesh"], f"sub-mesh of rank {r['rank']}"
+    else:
+        sub, title = report["submeshes"][0], "sub-mesh 0" if subs > 1 else "ranks"
+    if report["size"] <= max_cells:
+        mark = None if r is None else r["rank"]
+        lines += ["", f"{title}:", mesh_grid_text(dims, sub, mark=mark)]
+    else:
+        lines += ["", f"{title}: {report['size']} ranks (grid omitted; use --format json or --svg)"]
+    return "\n".join(lines)
+
+
+def _holders_text(holders: Sequence[int]) -> str:
+    if not holders:
+        return "."
+    if len(holders) <= 2:
+        return ",".join(map(str, holders))
+    return f"{holders[0]}+{len(holders) - 1}"
+
+
+def shard_grid_text(report: dict[str, Any], *, max_rows: int = 32, max_cols: int = 16) -> str:
+    """Which ranks hold each element of a 1-D/2-D tensor ("." none, "a+k" a and k more)."""
+    shape = report["global_shape"]
+    if len(shape) not in (1, 2) or shape[0] > max_rows or shape[-1] > max_cols:
+        return ""
+    rows, cols = (1, shape[0]) if len(shape) == 1 else (shape[0], shape[1])
+    owners: list[list[list[int]]] = [[[] for _ in range(cols)] for _ in range(rows)]
+    for r in report["ranks"]:
+        runs = r["runs"] if len(shape) == 2 else [[[0, 1]], r["runs"][0]]
+        for a, b in runs[0]:
+            for i in range(a, b):
+                for c, e in runs[1]:
+                    for j in range(c, e):
+                        owners[i][j].append(r["rank"])
+    grid = (
+        [["row\\col", *map(str, range(cols))]]
+        if len(shape) == 2
+        else [["", *map(str, range(cols))]]
+    )
+    for i in range(rows):
+        grid.append(
+            [str(i) if len(shape) == 2 else "ranks", *(_holders_text(o) for o in owners[i])]
+        )
+    return table(grid)
+
+
+def shard_text(report: dict[str, Any]) -> str:
+    """The ``shard`` report as text: per-rank table, shard order, torch notes, a grid."""
+    mesh = report["mesh"]
+    lines = [
+        f"tensor {tuple(report['global_shape'])} on mesh {_shape_text(mesh['dims'], mesh['shape'])}",
+        f"  placements   {', '.join(report['given_placements'])}",
+    ]
+    if report["placements"] != report["given_placements"]:
+        lines.append(f"  canonical    {', '.join(report['placements'])}")
+    order = report["shard_order"]
+    if order is None:
+        lines.append("  shard order  none (not decodable: literal _StridedShard meaning)")
+    elif not order:
+        lines.append("  shard order  {} (nothing sharded)")
+    else:
+        parts = [f"dim {d} <- {' then '.join(ms)}" for d, ms in order.items()]
+        lines.append(f"  shard order  {'; '.join(parts)}  (outermost first)")
+    rows = [["rank", "coordinate", "runs per dim", "local shape", "offset", "box", "torch 2.13"]]
+    for r in report["ranks"]:
+        t = r["torch"]
+        torch_cell = "same"
+        if not r["torch_agrees"]:
+            torch_cell = (
+                f"DIFFERS: shape {tuple(t['local_shape'])} offset {tuple(t['global_offset'])}"
+            )
+            torch_cell += f" runs {' ; '.join(runs_text(x) for x in t['runs'])}"
+        off = r["global_offset"]
+        rows.append(
+            [
+                str(r["rank"]),
+                coord_text(mesh["dims"], r["coordinate"]),
+                " ; ".join(runs_text(x) for x in r["runs"]),
+                str(tuple(r["local_shape"])),
+                "-" if off is None else str(tuple(off)),
+                "yes" if r["is_box"] else "NO",
+                torch_cell,
+            ]
+        )
+    lines += ["", table(rows)]
+    grid = shard_grid_text(report)
+    if grid:
+        lines += ["", "holders of each element:", grid]
+    for note in report["notes"]:
+        lines += ["", f"note: {note}"]
+    return "\n".join(lines)
