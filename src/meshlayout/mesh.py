@@ -61,7 +61,17 @@ class Mesh:
     (3, 1)
     """
 
-    __slots__ = ("__weakref__", "_axes", "_digits", "_hash", "_names", "_rank_map", "_shape")
+    __slots__ = (
+        "__weakref__",
+        "_axes",
+        "_axis_positions",
+        "_digits",
+        "_hash",
+        "_layout",
+        "_names",
+        "_rank_map",
+        "_shape",
+    )
 
     _names: tuple[str, ...]
     _axes: tuple[Layout, ...]
@@ -69,6 +79,8 @@ class Mesh:
     _shape: tuple[int, ...]
     _digits: tuple[tuple[_Digit, ...], ...]
     _hash: int
+    _axis_positions: list[IntArray | None]  # lazily: positions of each axis (size of the dim)
+    _layout: Layout | None  # lazily: make_layout(*axes)
 
     def __init__(
         self,
@@ -119,6 +131,8 @@ class Mesh:
         object.__setattr__(self, "_shape", tuple(a.size() for a in axes))
         object.__setattr__(self, "_digits", tuple(_axis_digits(a) for a in axes))
         object.__setattr__(self, "_hash", hash((names, axes, rank_map)))
+        object.__setattr__(self, "_axis_positions", [None] * len(axes))
+        object.__setattr__(self, "_layout", None)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"Mesh is immutable; cannot set {name!r}")
@@ -147,7 +161,10 @@ class Mesh:
     @property
     def layout(self) -> Layout:
         """All axes as the top-level modes of one layout: coordinate tuple -> position."""
-        return make_layout(*self._axes)
+        if self._layout is None:
+            object.__setattr__(self, "_layout", make_layout(*self._axes))
+        assert self._layout is not None
+        return self._layout
 
     @property
     def rank_map(self) -> RankMap:
@@ -275,6 +292,14 @@ class Mesh:
     def _coordinate_of(self, p: int) -> tuple[int, ...]:
         return tuple(sum((p // d) % s * w for s, d, w in digits) for digits in self._digits)
 
+    def _positions_along(self, i: int) -> IntArray:
+        """Positions of axis ``i`` from coordinate 0 (read-only; cached, size of the dim)."""
+        cached = self._axis_positions[i]
+        if cached is None:
+            cached = _digit_values(self._digits[i])
+            self._axis_positions[i] = cached
+        return cached
+
     def _axis_offset(self, i: int, p: int) -> int:
         """Contribution of dim ``i`` to position ``p`` (its coordinate times the axis)."""
         return sum((p // d) % s * d for s, d, _ in self._digits[i])
@@ -297,13 +322,18 @@ class Mesh:
         i = self.dim_index(dim)
         p = self._position(rank, "group")
         base = p - self._axis_offset(i, p)
-        return tuple(self._rank_map.take(base + self._axes[i].indices()).tolist())
+        return tuple(self._rank_map.take(base + self._positions_along(i)).tolist())
 
     def submesh(self, rank: int) -> IntArray:
         """The concrete sub-mesh containing ``rank``: an ndarray of global ranks of ``shape``."""
         p = self._position(rank, "submesh")
         base = p - sum(self._axis_offset(i, p) for i in range(self.ndim))
-        return self._rank_map.take(base + self.layout.indices()).reshape(self._shape)
+        positions = np.full((1,) * self.ndim, base, dtype=np.int64)
+        for i in range(self.ndim):
+            along = [1] * self.ndim
+            along[i] = self._shape[i]
+            positions = positions + self._positions_along(i).reshape(along)
+        return self._rank_map.take(positions)
 
     # ------------------------------------------------------------------ whole-world queries
     def groups(self, dim: Dim) -> IntArray:
@@ -349,7 +379,8 @@ class Mesh:
             return f"Mesh({dims})"
         if compact:
             return f"Mesh({dims}, ranks={_ranks_repr(self._rank_map)})"
-        return f"Mesh({dims}; layout {self.layout}; ranks {_ranks_repr(self._rank_map)})"
+        layout = self._axes[0] if self.ndim == 1 else self.layout
+        return f"Mesh({dims}; layout {layout}; ranks {_ranks_repr(self._rank_map)})"
 
 
 # ---------------------------------------------------------------------- helpers
@@ -376,6 +407,15 @@ def _axis_digits(axis: Layout) -> tuple[_Digit, ...]:
     modes = [m for m in axis.modes if m[0] > 1]
     weights = suffix_product(tuple(s for s, _ in modes))
     return tuple((s, d, w) for (s, d), w in zip(modes, weights))
+
+
+def _digit_values(digits: tuple[_Digit, ...]) -> IntArray:
+    """Row-major values of an axis given by its digits (slowest first)."""
+    values = np.zeros(1, dtype=np.int64)
+    for s, d, _ in digits:
+        values = (values[:, None] + np.arange(0, s * d, d, dtype=np.int64)[None, :]).reshape(-1)
+    values.setflags(write=False)
+    return values
 
 
 def _check_size(s: object, what: str) -> int:
