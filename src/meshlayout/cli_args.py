@@ -63,8 +63,9 @@ def parse_int_list(text: str, what: str = "value") -> tuple[int, ...]:
     >>> parse_int_list("7x4")
     (7, 4)
     """
-    parts = [p for p in re.split(r"[,x×]", text.strip()) if p.strip()]
-    if not parts:
+    sep = "," if "," in text else r"[x×]"
+    parts = re.split(sep, text.strip())
+    if not text.strip() or any(not p.strip() for p in parts):
         raise ArgError(f"{what}: expected comma-separated integers, got {text!r}")
     return tuple(_int(p, what) for p in parts)
 

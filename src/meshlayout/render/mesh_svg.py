@@ -27,7 +27,6 @@ IntArray = npt.NDArray[np.int64]
 MARGIN = 16
 LABEL_H = 14
 LINE_H = 16
-PANELS_ACROSS = 16
 NEUTRAL = "#e8ecf2"
 MIXED = "#d0d0d0"
 
@@ -93,12 +92,18 @@ def _as_groups(view: Mesh | IntArray | Sequence[Sequence[int]]) -> IntArray:
     return arr.reshape(arr.shape[0], -1)
 
 
-def _arrangement(n: int, across: bool) -> tuple[int, int]:
-    """(columns, rows) of ``n`` children."""
-    if across:
-        cols = min(n, PANELS_ACROSS)
-        return cols, -(-n // cols)
-    return 1, n
+def _arrangement(n: int, child: tuple[float, float], gap: float) -> tuple[int, int]:
+    """(columns, rows) for ``n`` children of size ``child``: the block closest to 16:10."""
+    cw, ch = child
+    best: tuple[float, int] = (float("inf"), n)
+    for ncol in range(n, 0, -1):
+        nrow = -(-n // ncol)
+        w = ncol * cw + (ncol - 1) * gap
+        h = nrow * (LABEL_H + ch) + (nrow - 1) * gap
+        score = abs(math.log(w / h / 1.6))
+        if score < best[0] - 1e-9:
+            best = (score, ncol)
+    return best[1], -(-n // best[1])
 
 
 def _rectangles(cells: list[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
@@ -181,10 +186,11 @@ def mesh_picture(
     pw, ph = pcols * c, plines * c
     k_outer = len(outer)
     sizes: list[tuple[float, float]] = [(pw, ph)] * (k_outer + 1)
+    arrangement: list[tuple[int, int]] = [(1, 1)] * k_outer
     for k in range(k_outer - 1, -1, -1):
         cw, ch = sizes[k + 1]
         gap = 6 + 8 * (k_outer - 1 - k)
-        ncol, nrow = _arrangement(outer[k], (k_outer - 1 - k) % 2 == 0)
+        ncol, nrow = arrangement[k] = _arrangement(outer[k], sizes[k + 1], gap)
         sizes[k] = (ncol * cw + (ncol - 1) * gap, nrow * (LABEL_H + ch) + (nrow - 1) * gap)
     gw, gh = sizes[0]
 
@@ -193,7 +199,7 @@ def mesh_picture(
         mesh, grid, groups, view_name, rank, my_group, crossing, ranks_per_host, colour_by_host
     )
     head = title or repr(mesh)
-    width = max(gw, 7 * max(len(t) for t, _ in [(head, 0), *legend]) + 40) + 2 * MARGIN
+    width = max(gw, 8.2 * len(head), 7 * max(len(t) for t, _ in legend) + 40) + 2 * MARGIN
     top = MARGIN + 20
     height = top + gh + 12 + LINE_H * len(legend) + MARGIN
     svg = Svg(width, height)
@@ -212,24 +218,26 @@ def mesh_picture(
             return
         cw, ch = sizes[k + 1]
         gap = 6 + 8 * (k_outer - 1 - k)
-        ncol, _ = _arrangement(outer[k], (k_outer - 1 - k) % 2 == 0)
+        ncol = arrangement[k][0]
         for i in range(outer[k]):
             cx = x + (i % ncol) * (cw + gap)
             cy = y + (i // ncol) * (LABEL_H + ch + gap)
             label = f"{names[k]}={i}"
-            if k == k_outer - 1:
+            if k == k_outer - 1 and with_ranges:
                 base = int(np.ravel_multi_index((*prefix, i), outer)) * rows * cols
-                rng = range_label(
-                    grid.blocks[base : base + rows * cols].reshape(-1)[[0, -1]].tolist()
-                )
-                span = f"{label} · {rng.replace(',', '-')}"
-                if len(span) * 6.2 <= cw:
-                    label = span
+                ends = grid.blocks[base : base + rows * cols].reshape(-1)[[0, -1]].tolist()
+                label = f"{label} · {ends[0]}-{ends[1]}"
             svg.text(cx, cy + LABEL_H - 4, label, font_size=10, fill="#555")
             place(k + 1, (*prefix, i), cx, cy + LABEL_H)
 
+    longest = (
+        len(f"{names[k_outer - 1]}={outer[-1]} · {int(grid.blocks.max())}-{int(grid.blocks.max())}")
+        if outer
+        else 0
+    )
+    with_ranges = bool(outer) and longest * 6.2 <= sizes[k_outer][0]
     place(0, (), MARGIN, top)
-    tooltips = ncells <= 4096
+    tooltips = ncells <= 2048
     for px, py, cells in panel_cells:
         by_group: dict[int, list[tuple[int, int]]] = {}
         at: dict[tuple[int, int], int] = {}
@@ -369,13 +377,8 @@ def _legend(
     names, shape = grid.names, grid.shape
     if len(shape) >= 2:
         where = f"rows: {names[-2]}, columns: {names[-1]}"
-        outer = names[:-2]
-        if outer:
-            across = [n for k, n in enumerate(outer) if (len(outer) - 1 - k) % 2 == 0]
-            down = [n for n in outer if n not in across]
-            where += f"; panels across: {', '.join(reversed(across))}"
-            if down:
-                where += f"; down: {', '.join(reversed(down))}"
+        if len(names) > 2:
+            where += f"; panels nested by {', '.join(names[:-2])} (outermost first)"
     else:
         where = f"one row: {names[0]}"
     out.append((where, None))

@@ -89,7 +89,7 @@ def sharding_picture(
         legend.insert(0, (f"dims 0 x 1 drawn; dims 2.. of shape {shape} not shown", None))
     top = MARGIN + 30
     left = MARGIN + 34
-    width = max(left + gw, 7 * max(len(t) for t, _ in [(head, 0), *legend]) + 40) + MARGIN
+    width = max(left + gw, 8.2 * len(head), 7 * max(len(t) for t, _ in legend) + 40) + 2 * MARGIN
     height = top + gh + 14 + LINE_H * len(legend) + MARGIN
     svg = Svg(width, height)
     svg.parts.append("<style>rect.cell:hover,rect.block:hover{stroke:#000;stroke-width:2}</style>")
@@ -196,6 +196,8 @@ def _legend(
         where = " x ".join(runs_text(x) for x in runs)
         coord = coord_text(spec.mesh.names, spec.mesh.coordinate(r) or ())
         box = "" if all(len(x) <= 1 for x in runs) else "  (not a box)"
+        if any(not x for x in runs):
+            box += "  (holds nothing)"
         out.append((f"rank {r} ({coord}): {where}{box}", colour_of.get(r)))
     if len(ranks) > 24:
         out.append((f".. {len(ranks) - 24} more ranks", None))

@@ -1,0 +1,363 @@
+"""The ``meshlayout`` command: every subcommand and flag through ``main(argv)``, errors,
+``--help`` examples, and each subcommand once as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from meshlayout import Mesh, ParallelDims
+from meshlayout.cli import COMMANDS, main
+from meshlayout.cli_args import ArgError, parse_placements
+from meshlayout.sharding import Partial, Replicate, Shard, ShardingSpec, StridedShard
+
+NS = "{http://www.w3.org/2000/svg}"
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:  # type: ignore[type-arg]
+    code, out, err = run([*argv, "--format", "json"], capsys)
+    assert code == 0, err
+    return json.loads(out)  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------- plan
+PLAN = [
+    "plan",
+    "--world",
+    "64",
+    "--pp",
+    "2",
+    "--dp-shard",
+    "-1",
+    "--cp",
+    "2",
+    "--tp",
+    "4",
+    "--ep",
+    "4",
+]
+
+
+def test_plan_text(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run([*PLAN, "--ranks-per-host", "8", "--rank", "13"], capsys)
+    assert code == 0 and err == ""
+    assert "dp_shard=4" in out and "efsdp=8" in out
+    assert "crosses 4 (16/16 groups)" in out  # dp_shard groups cross hosts
+    assert "rank 13:" in out and "[12, 13, 14, 15]" in out
+    assert ".. 25 more .." in out  # pp's 32 groups abridged
+    code, out, _ = run([*PLAN, "--all-groups"], capsys)
+    assert ".. 25 more .." not in out and "[31, 63]" in out
+
+
+def test_plan_json_matches_library(capsys: pytest.CaptureFixture[str]) -> None:
+    rep = run_json(
+        [*PLAN, "--dp-replicate", "1", "--etp", "1", "--ranks-per-host", "8", "--rank", "13"],
+        capsys,
+    )
+    pd = ParallelDims(64, pp=2, cp=2, tp=4, ep=4)
+    assert rep["schema"] == "meshlayout.plan/1"
+    assert rep["degrees"] == pd.degrees and rep["order"] == list(pd.order)
+    assert rep["num_hosts"] == 8 and rep["rank"] == 13
+    assert list(rep["views"]) == list(pd.views())
+    for name, mesh in pd.views().items():
+        v = rep["views"][name]
+        assert v["groups"] == mesh.submeshes().reshape(mesh.num_submeshes, -1).tolist()
+        assert v["rank"]["coordinate"] == list(mesh.coordinate(13))
+        assert v["rank"]["group"] == mesh.submesh(13).reshape(-1).tolist()
+
+
+def test_plan_order_and_view_filter(capsys: pytest.CaptureFixture[str]) -> None:
+    order = "tp,pp,dp_replicate,dp_shard,cp"
+    rep = run_json(
+        [
+            "plan",
+            "--world",
+            "16",
+            "--dp-shard",
+            "4",
+            "--tp",
+            "4",
+            "--order",
+            order,
+            "--view",
+            "tp",
+            "--view",
+            "fsdp,tp",
+        ],
+        capsys,
+    )
+    pd = ParallelDims(16, dp_shard=4, tp=4, order=order)
+    assert list(rep["views"]) == ["tp", "fsdp"]
+    assert rep["views"]["tp"]["groups"] == pd.mesh("tp").groups("tp").tolist()
+    assert rep["views"]["tp"]["groups"][0] == [0, 4, 8, 12]
+
+
+def test_plan_svg_and_html(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    svg, html = tmp_path / "p.svg", tmp_path / "p.html"
+    code, _, err = run(
+        [*PLAN, "--rank", "13", "--ranks-per-host", "8", "--svg", str(svg), "--html", str(html)],
+        capsys,
+    )
+    assert code == 0 and "wrote" in err
+    root = ET.parse(svg).getroot()
+    nested = root.findall(f"{NS}svg")
+    # default: every view with groups > 1, views with identical groups drawn once
+    assert len(nested) == 5  # pp, dp_shard (= batch), cp, tp (= ep), loss (= fsdp, hsdp, ...)
+    cells = [e for e in root.iter(f"{NS}rect") if e.get("class") == "cell"]
+    assert len(cells) == 64 * len(nested)
+    page = html.read_text()
+    assert "http" not in page and "<script" not in page and page.count("<svg") == len(nested)
+    code, _, _ = run([*PLAN, "--view", "tp", "--svg", str(svg)], capsys)
+    root = ET.parse(svg).getroot()
+    groups = [e for e in root.iter(f"{NS}rect") if e.get("class") == "group"]
+    assert len(root.findall(f"{NS}svg")) == 1 and len(groups) == 16
+
+
+# ---------------------------------------------------------------------- mesh
+def test_mesh_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["mesh", "--shape", "pp=2,dp=4,tp=8", "--rank", "13"], capsys)
+    assert code == 0 and "rank 13: coordinate pp=0,dp=1,tp=5" in out and "[13]" in out
+    rep = run_json(
+        ["mesh", "--shape", "pp=2,dp=4,tp=8", "--ranks", "2048:2112", "--rank", "2061"], capsys
+    )
+    m = Mesh({"pp": 2, "dp": 4, "tp": 8}, ranks=range(2048, 2112))
+    assert rep["schema"] == "meshlayout.mesh/1" and rep["rank_map_range"] == [2048, 2112, 1]
+    assert rep["groups"]["dp"] == m.groups("dp").tolist()
+    assert rep["rank"]["groups"]["tp"] == list(m.group(2061, "tp"))
+    assert rep["rank"]["submesh"] == m.submesh(2061).tolist()
+
+
+def test_mesh_operations_in_argv_order(capsys: pytest.CaptureFixture[str]) -> None:
+    m = Mesh({"pp": 2, "dp": 4, "tp": 8})
+    rep = run_json(
+        ["mesh", "--shape", "pp=2,dp=4,tp=8", "--slice", "tp,pp", "--rank", "13"], capsys
+    )
+    assert rep["dims"] == ["tp", "pp"] and rep["num_submeshes"] == 4
+    assert rep["submeshes"] == m["tp", "pp"].submeshes().tolist()
+    rep = run_json(["mesh", "--shape", "pp=2,dp=4,tp=8", "--flatten", "dp,tp=dp_tp"], capsys)
+    want = Mesh.concat([m["pp"], m["dp", "tp"].flatten("dp_tp")])
+    assert (
+        rep["dims"] == ["pp", "dp_tp"] and rep["groups"]["dp_tp"] == want.groups("dp_tp").tolist()
+    )
+    rep = run_json(
+        ["mesh", "--shape", "dp=4,tp=2", "--unflatten", "dp=2x2:rep,shard", "--flatten", "world"],
+        capsys,
+    )
+    assert rep["dims"] == ["world"] and [o["op"] for o in rep["operations"]] == [
+        "unflatten",
+        "flatten",
+    ]
+    rep = run_json(
+        ["mesh", "--shape", "dp=4,tp=2", "--flatten", "world", "--unflatten", "world=2x4"], capsys
+    )
+    assert rep["dims"] == ["world0", "world1"]
+    rep = run_json(["mesh", "--shape", "dp=2,tp=2", "--ranks", "3,1,2,0", "--rank", "1"], capsys)
+    assert rep["rank"]["groups"]["tp"] == [3, 1] and rep["rank_map_range"] is None
+
+
+def test_mesh_svg_and_html(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    svg, html = tmp_path / "m.svg", tmp_path / "m.html"
+    code, _, _ = run(
+        [
+            "mesh",
+            "--shape",
+            "pp=2,dp=4,tp=8",
+            "--view",
+            "dp",
+            "--rank",
+            "9",
+            "--svg",
+            str(svg),
+            "--html",
+            str(html),
+        ],
+        capsys,
+    )
+    assert code == 0
+    root = ET.parse(svg).getroot()
+    assert sum(e.get("class") == "cell" for e in root.iter(f"{NS}rect")) == 64
+    assert sum(e.get("class") == "group" for e in root.iter(f"{NS}rect")) == 16
+    assert "http" not in html.read_text()
+
+
+# ---------------------------------------------------------------------- shard
+SHARD = ["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2"]
+
+
+def test_shard_text_notes_torch(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run([*SHARD, "--placements", "SS(0,2),S(0)"], capsys)
+    assert code == 0 and "dim 0 <- tp then dp" in out
+    assert "DIFFERS" in out and "note: torch 2.13" in out and "ranks [4, 5]" in out
+    code, out, _ = run(["shard", "--shape", "8", "--mesh", "2", "--placements", "SS(0,2)"], capsys)
+    assert "not decodable" in out and "[0:2)+[4:6)" in out and "NO" in out
+
+
+def test_shard_json_matches_spec(capsys: pytest.CaptureFixture[str]) -> None:
+    rep = run_json([*SHARD, "--placements", "[StridedShard(0, 2), Shard(dim=0)]"], capsys)
+    spec = ShardingSpec((7, 4), Mesh({"dp": 3, "tp": 2}), [StridedShard(0, 2), Shard(0)])
+    assert rep["schema"] == "meshlayout.shard/1" and rep["decodable"] is True
+    assert rep["shard_order"] == {"0": ["tp", "dp"]} and rep["torch_disagrees"] == [4, 5]
+    for r in rep["ranks"]:
+        rank = r["rank"]
+        assert r["runs"] == [[list(x) for x in d] for d in spec.local_runs(rank)]
+        assert r["local_shape"] == list(spec.local_shape(rank))
+        assert r["global_offset"] == list(spec.local_offset(rank)) and r["is_box"]
+    assert rep["ranks"][4]["torch"] == {
+        "runs": [[[6, 7]], [[0, 4]]],
+        "local_shape": [1, 4],
+        "global_offset": [6, 0],
+    }
+
+
+def test_shard_order_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    by_order = run_json([*SHARD, "--shard-order", "0:tp,dp"], capsys)
+    both = run_json([*SHARD, "--shard-order", "0:1,0", "--placements", "SS(0,2),S(0)"], capsys)
+    assert by_order["ranks"] == both["ranks"] and by_order["placements"] == ["SS(0,2)", "S(0)"]
+    code, _, err = run([*SHARD, "--shard-order", "0:dp,tp", "--placements", "SS(0,2),S(0)"], capsys)
+    assert code == 2 and "shard order" in err
+
+
+def test_shard_svg_html_and_ranks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    svg, html = tmp_path / "s.svg", tmp_path / "s.html"
+    code, _, _ = run(
+        [
+            *SHARD,
+            "--ranks",
+            "8:14",
+            "--placements",
+            "SS(0,2),S(0)",
+            "--svg",
+            str(svg),
+            "--html",
+            str(html),
+        ],
+        capsys,
+    )
+    assert code == 0
+    root = ET.parse(svg).getroot()
+    assert len(root.findall(f"{NS}svg")) == 2  # ours and torch's view (they differ)
+    assert sum(e.get("class") == "cell" for e in root.iter(f"{NS}rect")) == 56
+    assert "http" not in html.read_text()
+    rep = run_json(
+        ["shard", "--shape", "10,6", "--mesh", "dp=2,tp=2", "--placements", "S(0),P(max)"], capsys
+    )
+    assert rep["torch_disagrees"] == [] and rep["placements"] == ["S(0)", "P(max)"]
+
+
+# ---------------------------------------------------------------------- errors and help
+BAD = [
+    ["plan", "--world", "64", "--tp", "3"],  # non-dividing degrees
+    ["plan", "--world", "64", "--tp", "4", "--ep", "3"],
+    ["plan", "--world", "64", "--view", "nope"],  # unknown view
+    ["plan", "--world", "64", "--rank", "64"],  # rank outside the world
+    ["plan", "--world", "64", "--order", "pp,tp"],
+    ["plan", "--world", "0"],
+    ["plan", "--world", "8", "--dp-shard", "0"],
+    ["plan"],  # missing --world
+    ["mesh", "--shape", "pp=2,dp"],  # malformed --shape
+    ["mesh", "--shape", "pp=0"],
+    ["mesh", "--shape", "pp=2,tp=2", "--rank", "9"],
+    ["mesh", "--shape", "pp=2,tp=2", "--slice", "xx"],
+    ["mesh", "--shape", "pp=2,tp=4", "--unflatten", "tp=3x2"],
+    ["mesh", "--shape", "pp=2,tp=4", "--ranks", "0:3"],
+    ["mesh", "--shape", "pp=2,tp=2", "--ranks", "1,1,2,3"],
+    ["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2", "--placements", "S(0"],  # malformed
+    ["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2", "--placements", "Q(0),S(0)"],
+    ["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2", "--placements", "S(0)"],  # count
+    ["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2", "--placements", "S(2),R"],  # dim
+    ["shard", "--shape", "7,x", "--mesh", "dp=3", "--placements", "R"],
+    ["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2"],
+    ["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2", "--shard-order", "0:zz"],
+    ["nope"],
+    [],
+]
+
+
+@pytest.mark.parametrize("argv", BAD, ids=[" ".join(a) or "(none)" for a in BAD])
+def test_bad_arguments_one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "error" in err
+
+
+def test_unwritable_output_file(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run([*PLAN, "--svg", "/nonexistent/dir/x.svg"], capsys)
+    assert code == 2 and "cannot write" in err
+
+
+@pytest.mark.parametrize("name", [n for n in COMMANDS if n != "demo"])
+def test_help_shows_examples(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run([name, "--help"], capsys)
+    assert code == 0 and "examples:" in out and f"meshlayout {name} --" in out
+
+
+def test_top_level_help_and_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["--help"], capsys)
+    assert code == 0 and all(n in out for n in COMMANDS)
+    code, out, _ = run(["demo"], capsys)
+    assert code == 0 and out
+
+
+def test_placement_grammar() -> None:
+    assert parse_placements("S(0), SS(1,3), R, P, P(max)") == [
+        Shard(0),
+        StridedShard(1, 3),
+        Replicate(),
+        Partial(),
+        Partial("max"),
+    ]
+    assert parse_placements(
+        "Shard(0),StridedShard(0, split_factor=2),Replicate(),Partial('avg')"
+    ) == [
+        Shard(0),
+        StridedShard(0, 2),
+        Replicate(),
+        Partial("avg"),
+    ]
+    for bad in ("S()", "SS(0)", "R(1)", "P(foo)", "S(0),,R", "SS(0,0)"):
+        with pytest.raises(ArgError):
+            parse_placements(bad)
+
+
+# ---------------------------------------------------------------------- subprocess, once each
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "--world", "8", "--tp", "2", "--format", "json"],
+        ["mesh", "--shape", "dp=2,tp=2", "--format", "json"],
+        ["shard", "--shape", "4", "--mesh", "2", "--placements", "S(0)", "--format", "json"],
+        ["demo"],
+    ],
+)
+def test_subprocess(argv: list[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "meshlayout.cli", *argv], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    if "json" in argv:
+        json.loads(proc.stdout)
+
+
+def test_subprocess_error_has_no_traceback() -> None:
+    exe = Path(sys.executable).with_name("meshlayout")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "meshlayout.cli"]
+    proc = subprocess.run(
+        [*cmd, "plan", "--world", "64", "--tp", "3"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert (
+        proc.stderr.strip()
+        == "meshlayout plan: error: " + proc.stderr.strip().split(": error: ", 1)[1]
+    )
