@@ -51,16 +51,16 @@ def plan_text(report: dict[str, Any], *, all_groups: bool = False) -> str:
     for name, v in report["views"].items():
         groups = v["groups"]
         n = len(groups)
-        head = f"  {name}: {n} group{'s' * (n != 1)} of {v['group_size']}"
+        heading = f"  {name}: {n} group{'s' * (n != 1)} of {v['group_size']}"
         same = next((k for k, g in listed.items() if g == groups), None)
         if v["group_size"] == 1 and not all_groups:
-            lines.append(f"{head} (every rank alone)")
+            lines.append(f"{heading} (every rank alone)")
             continue
         if same is not None and not all_groups:
-            lines.append(f"{head}: the same groups as {same}")
+            lines.append(f"{heading}: the same groups as {same}")
             continue
         listed[name] = groups
-        lines.append(head)
+        lines.append(heading)
         shown = range(n) if all_groups or n <= SHOW_GROUPS + 2 else [*range(SHOW_GROUPS), n - 1]
         prev = -1
         for i in shown:
