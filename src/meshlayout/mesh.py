@@ -28,6 +28,8 @@ Every per-rank question costs O(ndim + size of the answer); only
 
 from __future__ import annotations
 
+import functools
+import math
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, SupportsIndex, cast
@@ -90,7 +92,7 @@ class Mesh:
         ranks: Any = None,
     ) -> None:
         sizes, dim_names = _parse_shape(shape, names)
-        total = int(np.prod(sizes, dtype=object))
+        total = math.prod(sizes)
         if ranks is None:
             rank_map = RankMap(range(total))
         elif isinstance(ranks, RankMap):
@@ -106,8 +108,7 @@ class Mesh:
                 raise ValueError(
                     f"a mesh of shape {sizes} needs {total} ranks, but {len(rank_map)} were given"
                 )
-        strides = suffix_product(sizes)
-        axes = tuple(_canonical(Layout(s, d)) for s, d in zip(sizes, strides))
+        axes = _root_axes(sizes)
         self._init(dim_names, axes, rank_map)
 
     # ------------------------------------------------------------------ construction
@@ -124,7 +125,7 @@ class Mesh:
         _check_names(names)
         if len(names) != len(axes):
             raise ValueError(f"{len(names)} names {names} for {len(axes)} axes")
-        _check_tiling(names, axes, len(rank_map))
+        _check_tiling(names, axes, len(rank_map))  # cached on (axes, n) when valid
         object.__setattr__(self, "_names", names)
         object.__setattr__(self, "_axes", axes)
         object.__setattr__(self, "_rank_map", rank_map)
@@ -174,7 +175,7 @@ class Mesh:
     def size(self, dim: Dim | None = None) -> int:
         """Size of one dim, or of the whole mesh when ``dim`` is None."""
         if dim is None:
-            return int(np.prod(self._shape, dtype=object))
+            return math.prod(self._shape)
         return self._shape[self.dim_index(dim)]
 
     @property
@@ -234,10 +235,10 @@ class Mesh:
             raise ValueError(
                 f"unflatten needs one name per size, got sizes {sizes_t} and names {names_t}"
             )
-        if int(np.prod(sizes_t, dtype=object)) != self._shape[i]:
+        if math.prod(sizes_t) != self._shape[i]:
             raise ValueError(
                 f"cannot unflatten dim {self._names[i]!r} of size {self._shape[i]} into "
-                f"{sizes_t}: their product is {int(np.prod(sizes_t, dtype=object))}"
+                f"{sizes_t}: their product is {math.prod(sizes_t)}"
             )
         try:
             split = self._axes[i].compose(Layout(sizes_t))
@@ -403,6 +404,13 @@ def _canonical(axis: Layout) -> Layout:
     return axis.coalesce()
 
 
+@functools.lru_cache(maxsize=1024)
+def _root_axes(sizes: tuple[int, ...]) -> tuple[Layout, ...]:
+    """Canonical axes of a compact row-major mesh of ``sizes``."""
+    return tuple(_canonical(Layout(s, d)) for s, d in zip(sizes, suffix_product(sizes)))
+
+
+@functools.lru_cache(maxsize=4096)
 def _axis_digits(axis: Layout) -> tuple[_Digit, ...]:
     modes = [m for m in axis.modes if m[0] > 1]
     weights = suffix_product(tuple(s for s, _ in modes))
@@ -486,6 +494,18 @@ def _check_rank_shape(ranks: Any, sizes: tuple[int, ...]) -> None:
 
 def _check_tiling(names: tuple[str, ...], axes: tuple[Layout, ...], n: int) -> None:
     """Axes must not overlap and their family must tile exactly ``n`` positions."""
+    if (axes, n) in _TILING_OK:
+        return
+    _check_tiling_uncached(names, axes, n)
+    if len(_TILING_OK) >= 4096:
+        _TILING_OK.clear()
+    _TILING_OK.add((axes, n))
+
+
+_TILING_OK: set[tuple[tuple[Layout, ...], int]] = set()  # (axes, n) known to tile
+
+
+def _check_tiling_uncached(names: tuple[str, ...], axes: tuple[Layout, ...], n: int) -> None:
     modes = sorted((m for a in axes for m in a.modes if m[0] > 1), key=lambda m: (m[1], m[0]))
     span = 1
     for s, d in modes:
