@@ -14,9 +14,10 @@ Reusable test harness::
 
 How it works:
 
-* The parent starts a ``TCPStore`` server on an OS-chosen free port (no port race
-  between concurrent test workers) and keeps it alive for the whole run, so a
-  child that exits early never takes the store down with it.
+* Rank 0 starts the ``TCPStore`` server on an OS-chosen free port (no port race
+  between concurrent test workers) and hands the port to its peers through shared
+  memory. The parent itself never starts torch threads before forking (a forked
+  child can inherit a lock held by such a thread and hang in its first connect).
 * Each child (``fork`` by default — fast, torch already imported; ``spawn`` on
   request, then ``fn`` must be importable) joins the default process group through
   that store, calls ``fn(rank, world_size, *args, **kwargs)`` and sends back its
@@ -38,6 +39,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import socket
 import sys
 import time
 import traceback
@@ -83,7 +85,8 @@ def _child(
     fn: Callable[..., Any],
     rank: int,
     world_size: int,
-    port: int,
+    port_box: Any,
+    port_ready: Any,
     backend: str,
     pg_timeout: float,
     hard_timeout: float,
@@ -98,7 +101,6 @@ def _child(
     os.environ["RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world_size)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     # Dump every thread's stack shortly before the parent kills us: hangs become readable.
     faulthandler.dump_traceback_later(max(hard_timeout - 1.0, 0.5), exit=False)
     try:
@@ -106,13 +108,28 @@ def _child(
         import torch.distributed as dist
 
         torch.set_num_threads(1)
-        if init:
-            store = dist.TCPStore(
-                "127.0.0.1",
-                port,
-                is_master=False,
-                timeout=timedelta(seconds=pg_timeout),
-            )
+        if not init:
+            os.environ["MASTER_PORT"] = str(port_box.value)
+        else:
+            store_timeout = timedelta(seconds=pg_timeout)
+            if rank == 0:
+                store = dist.TCPStore(
+                    "127.0.0.1",
+                    0,
+                    world_size,
+                    is_master=True,
+                    timeout=store_timeout,
+                    wait_for_workers=False,
+                )
+                port_box.value = store.port
+                port_ready.set()
+            else:
+                if not port_ready.wait(hard_timeout):
+                    raise TimeoutError(f"rank {rank}: rank 0 never published the store port")
+                store = dist.TCPStore(
+                    "127.0.0.1", port_box.value, is_master=False, timeout=store_timeout
+                )
+            os.environ["MASTER_PORT"] = str(port_box.value)
             dist.init_process_group(
                 backend,
                 store=store,
@@ -158,11 +175,9 @@ def run_multiproc(
     Returns the list of return values indexed by rank. Raises :class:`MultiProcError`
     if any rank raised and :class:`MultiProcTimeout` if the run exceeded ``timeout``
     seconds (stragglers are killed). ``pg_timeout`` (default ``timeout``) is the
-    default process group's timeout. ``init=False`` skips ``init_process_group``;
-    the store address is still exported as ``MASTER_ADDR``/``MASTER_PORT``.
+    default process group's timeout. ``init=False`` skips ``init_process_group`` and
+    exports a free ``MASTER_ADDR``/``MASTER_PORT`` for the caller's own rendezvous.
     """
-    import torch.distributed as dist
-
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     pg_timeout = timeout if pg_timeout is None else pg_timeout
@@ -171,16 +186,14 @@ def run_multiproc(
         child_env["GLOO_SOCKET_IFNAME"] = "lo"
     child_env.update(env or {})
 
-    server = dist.TCPStore(
-        "127.0.0.1",
-        0,
-        world_size + 1,
-        is_master=True,
-        timeout=timedelta(seconds=max(timeout, pg_timeout)),
-        wait_for_workers=False,
-    )
-    port = server.port
     ctx = mp.get_context(start_method)
+    port_box = ctx.Value("i", 0)
+    port_ready = ctx.Event()
+    if not init:  # no store of ours: hand out a free port for the caller's rendezvous
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port_box.value = sock.getsockname()[1]
+        port_ready.set()
     results = ctx.Queue()
     release = ctx.Event()
     procs = []
@@ -191,7 +204,8 @@ def run_multiproc(
                 fn,
                 rank,
                 world_size,
-                port,
+                port_box,
+                port_ready,
                 backend,
                 pg_timeout,
                 timeout,
@@ -255,7 +269,6 @@ def run_multiproc(
                 p.kill()
                 p.join(timeout=5.0)
         results.close()
-        del server
 
     missing = [r for r in range(world_size) if r not in values and r not in errors]
     if missing:

@@ -2,10 +2,22 @@
 
 Needs torch and an initialised default process group (``torchrun`` or
 ``torch.distributed.init_process_group``). See ``docs/runtime.md``.
+
+>>> from meshlayout.torch import init_mesh, DistributedMesh, MeshMismatchError
 """
 
 from __future__ import annotations
 
 from ._errors import MeshMismatchError, RankTimeoutError
+from ._mesh import DistributedMesh, init_mesh, mesh_fingerprint
+from ._parallel import ParallelMeshes, build_parallel_dims
 
-__all__ = ["MeshMismatchError", "RankTimeoutError"]
+__all__ = [
+    "DistributedMesh",
+    "MeshMismatchError",
+    "ParallelMeshes",
+    "RankTimeoutError",
+    "build_parallel_dims",
+    "init_mesh",
+    "mesh_fingerprint",
+]
