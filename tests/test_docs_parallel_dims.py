@@ -12,7 +12,6 @@ def test_parallel_dims_doc_examples() -> None:
     result = doctest.testfile(
         str(DOC),
         module_relative=False,
-        optionflags=doctest.ELLIPSIS,
         raise_on_error=False,
         verbose=False,
     )
