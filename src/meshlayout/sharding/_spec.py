@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ._order import Runs, decode, encode, literal_runs, nested_run
+from ._order import Runs, decode, encode, literal_runs
 from ._placements import (
     PLACEMENT_TYPES,
     REDUCE_OPS,
@@ -24,6 +24,8 @@ __all__ = ["MeshLike", "ShardingSpec"]
 
 # Per tensor dim, the steps that split it: (mesh dim, mesh dim size, split factor).
 _Plan = tuple[tuple[tuple[int, int, int], ...], ...]
+# A rank's piece: runs per dim, shape, and offset (None if the piece is not a box).
+_Local = tuple[tuple[Runs, ...], tuple[int, ...], tuple[int, ...] | None]
 _CACHE_LIMIT = 1 << 16
 # Ops whose partial values are (value on coordinate 0, identity elsewhere) in `shard`.
 _IDENTITY = {"sum": 0, "bxor": 0, "product": 1}
@@ -70,7 +72,7 @@ class ShardingSpec:
     _decodable: bool
     _order: tuple[tuple[int, ...], ...] = field(compare=False)
     _plan: _Plan = field(compare=False)
-    _cache: dict[int, tuple[Runs, ...]] = field(compare=False)
+    _cache: dict[int, _Local] = field(compare=False)
 
     def __init__(
         self, global_shape: Sequence[int], mesh: MeshLike, placements: Sequence[Placement]
@@ -203,39 +205,70 @@ class ShardingSpec:
         return tuple(out)
 
     # ------------------------------------------------------------------ local pieces
-    def local_runs(self, rank: int) -> tuple[Runs, ...]:
-        """Per tensor dim, the global ``(start, stop)`` runs ``rank`` holds, in local order.
-
-        O(tensor ndim × mesh ndim) for decodable specs, cached per rank.
-        """
+    def _local(self, rank: int) -> _Local:
+        """(runs, shape, offset or None if not a box) of ``rank``, cached per rank."""
         hit = self._cache.get(rank)
         if hit is not None:
             return hit
         coord = self.mesh.coordinate(rank)
-        runs = self._runs_at(coord) if coord is not None else tuple(() for _ in self.global_shape)
+        if coord is None:
+            n = len(self.global_shape)
+            local: _Local = (((),) * n, (0,) * n, self.global_shape)
+        elif self._decodable:
+            local = self._nested_at(coord)
+        else:
+            local = self._literal_at(coord)
         if len(self._cache) < _CACHE_LIMIT:
-            self._cache[rank] = runs
-        return runs
+            self._cache[rank] = local
+        return local
 
-    def _runs_at(self, coord: Sequence[int]) -> tuple[Runs, ...]:
-        out: list[Runs] = []
+    def _nested_at(self, coord: Sequence[int]) -> _Local:
+        runs: list[Runs] = []
+        shape: list[int] = []
+        offset: list[int] = []
         for n, steps in zip(self.global_shape, self._plan):
-            if not steps:
-                out.append(((0, n),) if n > 0 else ())
-            elif self._decodable:
-                a, b = nested_run(n, [(k, coord[m]) for m, k, _ in steps])
-                out.append(((a, b),) if b > a else ())
-            else:
-                out.append(literal_runs(n, [(k, coord[m], sf) for m, k, sf in steps]))
-        return tuple(out)
+            start, length = 0, n
+            for m, k, _ in steps:  # inlined chunk_bounds: this is the hot path
+                c = -(-length // k)
+                lo = coord[m] * c
+                hi = lo + c
+                lo = lo if lo < length else length
+                hi = hi if hi < length else length
+                start += lo
+                length = hi - lo
+            runs.append(((start, start + length),) if length else ())
+            shape.append(length)
+            offset.append(start if length or not steps else n)
+        return tuple(runs), tuple(shape), tuple(offset)
+
+    def _literal_at(self, coord: Sequence[int]) -> _Local:
+        runs: list[Runs] = []
+        for n, steps in zip(self.global_shape, self._plan):
+            runs.append(literal_runs(n, [(k, coord[m], sf) for m, k, sf in steps]))
+        shape = tuple(sum(b - a for a, b in r) for r in runs)
+        offset = None
+        if all(len(r) <= 1 for r in runs):
+            offset = tuple(
+                r[0][0] if r else (n if steps else 0)
+                for r, n, steps in zip(runs, self.global_shape, self._plan)
+            )
+        return tuple(runs), shape, offset
+
+    def local_runs(self, rank: int) -> tuple[Runs, ...]:
+        """Per tensor dim, the global ``(start, stop)`` runs ``rank`` holds, in local order.
+
+        O(tensor ndim × mesh ndim) for decodable specs, cached per rank. Ranks not in
+        the mesh hold nothing: ``()`` for every dim.
+        """
+        return self._local(rank)[0]
 
     def is_box(self, rank: int) -> bool:
         """True if the piece of ``rank`` is one box: at most one run per tensor dim."""
-        return all(len(r) <= 1 for r in self.local_runs(rank))
+        return self._local(rank)[2] is not None
 
     def local_shape(self, rank: int) -> tuple[int, ...]:
         """Shape of ``rank``'s local piece (0 along dims where it holds nothing)."""
-        return tuple(sum(b - a for a, b in r) for r in self.local_runs(rank))
+        return self._local(rank)[1]
 
     def local_offset(self, rank: int) -> tuple[int, ...]:
         """First global index of ``rank``'s box, torch's convention.
@@ -243,17 +276,13 @@ class ShardingSpec:
         ``global_shape[d]`` where the rank holds nothing along a sharded dim (and for
         every dim of a rank outside the mesh). ValueError if the piece is not a box.
         """
-        runs = self.local_runs(rank)
-        if any(len(r) > 1 for r in runs):
+        runs, _, offset = self._local(rank)
+        if offset is None:
             raise ValueError(
                 f"rank {rank} holds runs {runs} of global_shape {self.global_shape} under "
                 f"{list(self._placements)}: not a box, no (shape, offset) describes it"
             )
-        covered = rank in self.mesh
-        return tuple(
-            r[0][0] if r else (0 if covered and not steps else n)
-            for r, n, steps in zip(runs, self.global_shape, self._plan)
-        )
+        return offset
 
     # ------------------------------------------------------------------ reference data path
     def shard(self, array: Any, rank: int) -> Any:
