@@ -11,6 +11,7 @@ from __future__ import annotations
 from ._errors import MeshMismatchError, RankTimeoutError
 from ._mesh import DistributedMesh, init_mesh, mesh_fingerprint
 from ._parallel import ParallelMeshes, build_parallel_dims
+from ._tensor import distribute, full_tensor, redistribute
 
 __all__ = [
     "DistributedMesh",
@@ -18,6 +19,9 @@ __all__ = [
     "ParallelMeshes",
     "RankTimeoutError",
     "build_parallel_dims",
+    "distribute",
+    "full_tensor",
     "init_mesh",
     "mesh_fingerprint",
+    "redistribute",
 ]
