@@ -284,25 +284,20 @@ class DistributedMesh:
     def to_torch(self) -> DeviceMesh:
         """A ``torch.distributed.device_mesh.DeviceMesh`` over exactly these groups.
 
-        Built with ``DeviceMesh.from_group`` from this rank's sub-mesh and its groups, so
-        ``get_coordinate()`` and ``get_local_rank(d)`` agree with ours and no group is
-        created. Usable by ``distribute_tensor``, ``parallelize_module`` and ``fully_shard``.
+        Same dims, names, coordinates and ``get_local_rank`` as ours; no group is created.
+        Every torch mesh made from meshes over one rank map shares that rank map (as
+        torch's own slices of one root do), so ``dm["dp"].to_torch()`` and
+        ``dm["tp"].to_torch()`` combine in FSDP2 over TP (``DeviceMesh._concatenate``).
+        Usable by ``distribute_tensor``, ``parallelize_module`` and ``fully_shard``.
+
+        Cost: O(size of the rank map) once per call site (torch stores the rank map as a
+        tensor and a tuple per DeviceMesh); the rank-map tensor is shared.
         """
         self._require_member("to_torch")
         if self._torch is None:
-            from torch.distributed.device_mesh import DeviceMesh
-
-            sub = torch.as_tensor(self._mesh.submesh(self._rank), dtype=torch.int)
-            names = self._mesh.names
-            if self.ndim == 1:
-                tdm = DeviceMesh.from_group(
-                    self._groups[0], self._device_type, mesh=sub, mesh_dim_names=names
-                )
-            else:
-                tdm = DeviceMesh.from_group(
-                    list(self._groups), self._device_type, mesh=sub, mesh_dim_names=names
-                )
-            self._torch = tdm
+            self._torch = _torch_device_mesh(
+                self._mesh, self._device_type, self._groups, _rank_map_tensor(self._mesh)
+            )
         return self._torch
 
     def __repr__(self) -> str:
@@ -353,3 +348,55 @@ def init_mesh(
             set_digest=digest,
         )
     return DistributedMesh(mesh, device_type, backends, td)
+
+
+_RANK_MAP_TENSORS: dict[int, tuple[RankMap, torch.Tensor]] = {}
+
+
+def _rank_map_tensor(mesh: Mesh) -> torch.Tensor:
+    """One shared int tensor per RankMap object (torch's ``_rank_map``)."""
+    rank_map = mesh.rank_map
+    hit = _RANK_MAP_TENSORS.get(id(rank_map))
+    if hit is not None and hit[0] is rank_map:
+        return hit[1]
+    tensor = torch.as_tensor(np.ascontiguousarray(rank_map.to_numpy()), dtype=torch.int)
+    _RANK_MAP_TENSORS[id(rank_map)] = (rank_map, tensor)
+    return tensor
+
+
+def _torch_device_mesh(
+    mesh: Mesh,
+    device_type: str,
+    groups: Sequence[dist.ProcessGroup],
+    rank_map: torch.Tensor,
+) -> DeviceMesh:
+    """Build a torch DeviceMesh from our axes over the shared rank map, with our groups.
+
+    The one place using DeviceMesh internals: the public ``DeviceMesh.from_group`` only
+    takes the rank's own sub-mesh, so two meshes built from it never share a rank map
+    and FSDP2 cannot combine a DP mesh with a TP mesh. torch's mesh model is ours
+    (per-dim flat layouts over positions into one rank map; both row-major), so we
+    pass the axes as ``_MeshLayout`` and attach the groups by name, as ``from_group``
+    does. ``_FlatLayout`` re-normalises each axis; we check it enumerates the same
+    positions.
+    """
+    from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
+    from torch.distributed.device_mesh import DeviceMesh
+
+    flats = []
+    for name, axis in zip(mesh.names, mesh.axes):
+        flat = _FlatLayout(axis.shape, axis.stride)
+        if flat.all_ranks_from_zero() != axis.indices().tolist():  # pragma: no cover
+            raise RuntimeError(f"torch re-normalised axis {name!r} ({axis}) to {flat}")
+        flats.append(flat)
+    tdm = DeviceMesh(
+        device_type,
+        _layout=_MeshLayout(flats),
+        _rank_map=rank_map,
+        mesh_dim_names=mesh.names,
+        _init_backend=False,
+    )
+    tdm._dim_group_names = [g.group_name for g in groups]
+    for g in groups:
+        tdm._pg_registry[g.group_name] = g
+    return tdm
