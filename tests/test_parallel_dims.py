@@ -528,9 +528,11 @@ def test_describe_content() -> None:
     assert re.fullmatch(r"ep\s+ep=4\s+4\s+\[0, 1, 2, 3\]", rows["ep"])
     assert re.fullmatch(r"fsdp\s+fsdp=4\s+4\s+\[0, 2, 4, 6\]", rows["fsdp"])
     assert re.fullmatch(r"hsdp\s+dp_replicate=1 x fsdp=4\s+4\s+\[\[0, 2, 4, 6\]\]", rows["hsdp"])
-    # every column starts at the same offset in every row
-    starts = {line.index(line.split()[1]) for line in lines[2:]}
-    assert len(starts) == 1
+    # every column starts at the same offset in every row (the header included)
+    hosts = pd.describe(ranks_per_host=4).splitlines()[1:]
+    for column in ("shape", "groups", "group of rank 0", "hosts"):
+        at = hosts[0].index(column)
+        assert all(line[at - 2 : at] == "  " and line[at] != " " for line in hosts), column
     assert "group of rank 9" in pd.describe(rank=9)
     assert re.search(r"\ntp\s+tp=2\s+8\s+\[8, 9\]", pd.describe(rank=9))
 

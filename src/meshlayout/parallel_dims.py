@@ -330,19 +330,19 @@ class ParallelDims:
 
         >>> print(ParallelDims(8, dp_shard=2, tp=4).describe(ranks_per_host=4))
         ParallelDims(8, pp=1, dp_replicate=1, dp_shard=2, cp=1, tp=4, ep=1, etp=1)
-        view          shape                     groups  group of rank 0           hosts
-        pp            pp=1                      8       [0]                       stays within a host
-        dp_replicate  dp_replicate=1            8       [0]                       stays within a host
-        dp_shard      dp_shard=2                4       [0, 4]                    crosses 2 hosts
-        cp            cp=1                      8       [0]                       stays within a host
-        tp            tp=4                      2       [0, 1, 2, 3]              stays within a host
-        batch         batch=2                   4       [0, 4]                    crosses 2 hosts
-        loss          loss=2                    4       [0, 4]                    crosses 2 hosts
-        fsdp          fsdp=2                    4       [0, 4]                    crosses 2 hosts
-        hsdp          dp_replicate=1 x fsdp=2   4       [[0, 4]]                  crosses 2 hosts
-        efsdp         efsdp=8                   1       [0, 1, 2, 3, 4, 5, 6, 7]  crosses 2 hosts
-        ep            ep=1                      8       [0]                       stays within a host
-        etp           etp=1                     8       [0]                       stays within a host
+        view          shape                     groups  group of rank 0             hosts
+        pp            pp=1                      8       [0]                         stays within a host
+        dp_replicate  dp_replicate=1            8       [0]                         stays within a host
+        dp_shard      dp_shard=2                4       [0, 4]                      crosses 2 hosts
+        cp            cp=1                      8       [0]                         stays within a host
+        tp            tp=4                      2       [0, 1, 2, 3]                stays within a host
+        batch         batch=2                   4       [0, 4]                      crosses 2 hosts
+        loss          loss=2                    4       [0, 4]                      crosses 2 hosts
+        fsdp          fsdp=2                    4       [0, 4]                      crosses 2 hosts
+        hsdp          dp_replicate=1 x fsdp=2   4       [[0, 4]]                    crosses 2 hosts
+        efsdp         efsdp=8                   1       [0, 1, 2, 3, 4, 5, 6, 7]    crosses 2 hosts
+        ep            ep=1                      8       [0]                         stays within a host
+        etp           etp=1                     8       [0]                         stays within a host
         ehsdp         dp_replicate=1 x efsdp=8  1       [[0, 1, 2, 3, 4, 5, 6, 7]]  crosses 2 hosts
         """
         rank = self._default_rank(rank)
@@ -358,9 +358,7 @@ class ParallelDims:
                 k = hosts_spanned(mesh, hosts)
                 row.append("stays within a host" if k == 1 else f"crosses {k} hosts")
             rows.append(row)
-        # Pad every column but the last to the width of its 1-D entries; a long
-        # 2-D group may overflow its column rather than widen the whole table.
-        widths = [max(len(r[i]) for r in rows if "[[" not in r[i]) for i in range(len(header))]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         lines = [repr(self)]
         for r in rows:
             cells = [c.ljust(w) for c, w in zip(r[:-1], widths[:-1])] + [r[-1]]
