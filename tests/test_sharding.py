@@ -405,9 +405,12 @@ def test_cost_is_independent_of_tensor_size() -> None:
     for rank in range(105):
         total += spec.local_shape(rank)[0] * (spec.local_shape(rank)[1] > 0)
     assert time.perf_counter() - t0 < 0.5
-    assert total == n * 5  # every row on exactly one (dp, tp) pair, times 5 cp columns... per rank
+    assert total == n * 5  # each row on one (dp, tp) pair, and on each of its 5 cp ranks
     lit = ShardingSpec((n,), Mesh((2, 2)), [StridedShard(0, 2), StridedShard(0, 2)])
     assert sum(lit.local_shape(r)[0] for r in range(4)) == n
+    # an absurd split factor on a short dim costs O(dim size), not O(split factor)
+    huge = ShardingSpec((5,), Mesh((2,)), [StridedShard(0, 10**12)])
+    assert [huge.local_runs(r) for r in (0, 1)] == [(((0, 5),),), ((),)]
 
 
 def test_local_queries_are_cached_per_rank() -> None:

@@ -107,6 +107,8 @@ def literal_runs(n: int, steps: Iterable[tuple[int, int, int]]) -> Runs:
         picked: list[Run] = []
         for j in range(sf):
             lo, hi = chunk_bounds(total, sf, j)
+            if lo >= total:  # every later piece is empty: at most min(sf, total) rounds
+                break
             a, b = chunk_bounds(hi - lo, k, i)
             picked.extend(take(runs, lo + a, lo + b))
         runs = merge_runs(picked)
