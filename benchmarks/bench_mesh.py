@@ -212,6 +212,10 @@ def _m(peak: float | None) -> str:
     return f"{peak / 1024:.1f} KB"
 
 
+def _ratio(r: float) -> str:
+    return f"{r:,.0f}×" if r >= 10 else f"{r:.1f}×"
+
+
 def table(
     ours: dict[int, dict[str, dict[str, float]]], torch: dict[int, dict[str, dict[str, float]]]
 ) -> str:
@@ -223,7 +227,7 @@ def table(
         for op in OPS:
             o = ours[world][op]
             t = torch.get(world, {}).get(op)
-            ratio = f"{t['median'] / o['median']:,.0f}×" if t else "—"
+            ratio = _ratio(t["median"] / o["median"]) if t else "—"
             rows.append(
                 f"| 2^{world.bit_length() - 1} | {op} | {_t(o['median'])} | {_t(o['warm'])} | "
                 f"{_m(o['peak'])} | {_t(t['median'] if t else None)} | "
