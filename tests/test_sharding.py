@@ -511,11 +511,12 @@ def test_import_does_not_import_torch() -> None:
 
 
 def test_docstring_examples() -> None:
+    import meshlayout.sharding._arrays as arrays
     import meshlayout.sharding._order as o
     import meshlayout.sharding._placements as p
     import meshlayout.sharding._spec as s
 
-    for mod in (sharding, o, p, s):
+    for mod in (sharding, o, p, s, arrays):
         result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, mod.__name__
     assert doctest.testmod(s).attempted >= 5

@@ -8,6 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from ._arrays import put, reduce_group, submesh_index, take, zeros_like
 from ._order import Runs, decode, encode, literal_runs
 from ._placements import (
     PLACEMENT_TYPES,
@@ -301,7 +302,7 @@ class ShardingSpec:
             raise ValueError(
                 f"array of shape {shape} does not match global_shape {self.global_shape}"
             )
-        piece = _take(array, self.local_runs(rank))
+        piece = take(array, self.local_runs(rank))
         coord = self.mesh.coordinate(rank)
         if coord is not None:
             for m, p in enumerate(self._placements):
@@ -328,7 +329,7 @@ class ShardingSpec:
             (m, p.reduce_op) for m, p in enumerate(self._placements) if isinstance(p, Partial)
         ]
         pdims = {m for m, _ in partial}
-        sub_of = _submesh_index(self.mesh) if partial else None
+        sub_of = submesh_index(self.mesh) if partial else None
         groups: dict[tuple[Any, ...], dict[tuple[int, ...], tuple[int, Any]]] = {}
         for rank, piece in pieces.items():
             coord = self.mesh.coordinate(rank)
@@ -354,10 +355,10 @@ class ShardingSpec:
                     f"ranks {ranks} are {len(members)} of the {need} members of a Partial "
                     "reduction group; every member is needed"
                 )
-            rank, value = _reduce(members, partial)
+            rank, value = reduce_group(members, partial)
             if out is None:
-                out = _zeros_like(value, self.global_shape)
-            _put(out, filled, self.local_runs(rank), value, rank)
+                out = zeros_like(value, self.global_shape)
+            put(out, filled, self.local_runs(rank), value, rank)
         if not filled.all():
             missing = int(filled.size - filled.sum())
             raise ValueError(
@@ -479,105 +480,3 @@ def _from_torch_placement(p: Any) -> Placement:
     if p.is_replicate():
         return Replicate()
     raise TypeError(f"cannot convert {p!r} ({type(p).__name__}) to a meshlayout placement")
-
-
-# ---------------------------------------------------------------------- array helpers
-def _is_torch(x: Any) -> bool:
-    return type(x).__module__.startswith("torch")
-
-
-def _index(runs: Runs) -> slice | np.ndarray[Any, np.dtype[np.int64]]:
-    if len(runs) <= 1:
-        a, b = runs[0] if runs else (0, 0)
-        return slice(a, b)
-    return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in runs])
-
-
-def _take(array: Any, runs: tuple[Runs, ...]) -> Any:
-    x = array
-    for d, r in enumerate(runs):
-        ix: Any = _index(r)
-        if not isinstance(ix, slice) and _is_torch(x):
-            import torch
-
-            ix = torch.as_tensor(ix)
-        x = x[(slice(None),) * d + (ix,)]
-    return x.clone() if _is_torch(x) else np.array(x, copy=True)
-
-
-def _zeros_like(value: Any, shape: tuple[int, ...]) -> Any:
-    if _is_torch(value):
-        return value.new_zeros(shape)
-    return np.zeros(shape, dtype=np.asarray(value).dtype)
-
-
-def _put(
-    out: Any, filled: np.ndarray[Any, Any], runs: tuple[Runs, ...], value: Any, rank: int
-) -> None:
-    idx = [_index(r) for r in runs]
-    if all(isinstance(ix, slice) for ix in idx):
-        key: Any = tuple(idx)
-    else:
-        key = np.ix_(*[np.arange(ix.start, ix.stop) if isinstance(ix, slice) else ix for ix in idx])
-    seen = filled[key]
-    okey = key
-    if _is_torch(out) and not all(isinstance(ix, slice) for ix in key):
-        import torch
-
-        okey = tuple(torch.as_tensor(ix) for ix in key)
-    if seen.any():
-        old = out[okey]
-        mask: Any = seen
-        if _is_torch(out):
-            import torch
-
-            mask = torch.as_tensor(seen)
-        if not bool((old[mask] == value[mask]).all()):
-            raise ValueError(f"the piece of rank {rank} disagrees with another replica")
-    out[okey] = value
-    filled[key] = True
-
-
-def _reduce(
-    members: dict[tuple[int, ...], tuple[int, Any]], partial: list[tuple[int, str]]
-) -> tuple[int, Any]:
-    """Reduce one Partial group, last partial mesh dim first; returns (some rank, value)."""
-    current = {c: v for c, (_, v) in members.items()}
-    for m, op in reversed(partial):
-        merged: dict[tuple[int, ...], list[Any]] = {}
-        for c in sorted(current):
-            merged.setdefault((*c[:m], 0, *c[m + 1 :]), []).append(current[c])
-        current = {c: _combine(vs, op) for c, vs in merged.items()}
-    (value,) = current.values()
-    return min(r for r, _ in members.values()), value
-
-
-def _combine(values: list[Any], op: str) -> Any:
-    acc = values[0]
-    if op in ("min", "max"):
-        if _is_torch(acc):
-            import torch
-
-            fn: Any = torch.minimum if op == "min" else torch.maximum
-        else:
-            fn = np.minimum if op == "min" else np.maximum
-        for v in values[1:]:
-            acc = fn(acc, v)
-        return acc
-    for v in values[1:]:
-        if op in ("sum", "avg"):
-            acc = acc + v
-        elif op == "product":
-            acc = acc * v
-        elif op == "band":
-            acc = acc & v
-        elif op == "bor":
-            acc = acc | v
-        else:
-            acc = acc ^ v
-    return acc / len(values) if op == "avg" else acc
-
-
-def _submesh_index(mesh: MeshLike) -> dict[int, int]:
-    subs = np.asarray(mesh.submeshes())
-    return {int(r): i for i, sub in enumerate(subs) for r in sub.reshape(-1)}

@@ -1,0 +1,115 @@
+"""Reference data path helpers: cut, place and reduce numpy or torch arrays by runs.
+
+torch is imported only when the arrays given are torch tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._order import Runs
+
+__all__ = ["is_torch", "put", "reduce_group", "submesh_index", "take", "zeros_like"]
+
+
+def is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _index(runs: Runs) -> slice | np.ndarray[Any, np.dtype[np.int64]]:
+    if len(runs) <= 1:
+        a, b = runs[0] if runs else (0, 0)
+        return slice(a, b)
+    return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in runs])
+
+
+def take(array: Any, runs: tuple[Runs, ...]) -> Any:
+    x = array
+    for d, r in enumerate(runs):
+        ix: Any = _index(r)
+        if not isinstance(ix, slice) and is_torch(x):
+            import torch
+
+            ix = torch.as_tensor(ix)
+        x = x[(slice(None),) * d + (ix,)]
+    return x.clone() if is_torch(x) else np.array(x, copy=True)
+
+
+def zeros_like(value: Any, shape: tuple[int, ...]) -> Any:
+    if is_torch(value):
+        return value.new_zeros(shape)
+    return np.zeros(shape, dtype=np.asarray(value).dtype)
+
+
+def put(
+    out: Any, filled: np.ndarray[Any, Any], runs: tuple[Runs, ...], value: Any, rank: int
+) -> None:
+    idx = [_index(r) for r in runs]
+    if all(isinstance(ix, slice) for ix in idx):
+        key: Any = tuple(idx)
+    else:
+        key = np.ix_(*[np.arange(ix.start, ix.stop) if isinstance(ix, slice) else ix for ix in idx])
+    seen = filled[key]
+    okey = key
+    if is_torch(out) and not all(isinstance(ix, slice) for ix in key):
+        import torch
+
+        okey = tuple(torch.as_tensor(ix) for ix in key)
+    if seen.any():
+        old = out[okey]
+        mask: Any = seen
+        if is_torch(out):
+            import torch
+
+            mask = torch.as_tensor(seen)
+        if not bool((old[mask] == value[mask]).all()):
+            raise ValueError(f"the piece of rank {rank} disagrees with another replica")
+    out[okey] = value
+    filled[key] = True
+
+
+def reduce_group(
+    members: dict[tuple[int, ...], tuple[int, Any]], partial: list[tuple[int, str]]
+) -> tuple[int, Any]:
+    """Reduce one Partial group, last partial mesh dim first; returns (some rank, value)."""
+    current = {c: v for c, (_, v) in members.items()}
+    for m, op in reversed(partial):
+        merged: dict[tuple[int, ...], list[Any]] = {}
+        for c in sorted(current):
+            merged.setdefault((*c[:m], 0, *c[m + 1 :]), []).append(current[c])
+        current = {c: _combine(vs, op) for c, vs in merged.items()}
+    (value,) = current.values()
+    return min(r for r, _ in members.values()), value
+
+
+def _combine(values: list[Any], op: str) -> Any:
+    acc = values[0]
+    if op in ("min", "max"):
+        if is_torch(acc):
+            import torch
+
+            fn: Any = torch.minimum if op == "min" else torch.maximum
+        else:
+            fn = np.minimum if op == "min" else np.maximum
+        for v in values[1:]:
+            acc = fn(acc, v)
+        return acc
+    for v in values[1:]:
+        if op in ("sum", "avg"):
+            acc = acc + v
+        elif op == "product":
+            acc = acc * v
+        elif op == "band":
+            acc = acc & v
+        elif op == "bor":
+            acc = acc | v
+        else:
+            acc = acc ^ v
+    return acc / len(values) if op == "avg" else acc
+
+
+def submesh_index(mesh: Any) -> dict[int, int]:
+    subs = np.asarray(mesh.submeshes())
+    return {int(r): i for i, sub in enumerate(subs) for r in sub.reshape(-1)}
