@@ -15,12 +15,18 @@ from .layout import Layout, logical_divide, logical_product, make_layout
 from .mesh import Mesh
 from .parallel_dims import ParallelDims
 from .rank_map import RankMap
+from .sharding import Partial, Replicate, Shard, ShardingSpec, StridedShard
 
 __all__ = [
     "Layout",
     "Mesh",
     "ParallelDims",
+    "Partial",
     "RankMap",
+    "Replicate",
+    "Shard",
+    "ShardingSpec",
+    "StridedShard",
     "logical_divide",
     "logical_product",
     "make_layout",
