@@ -218,14 +218,15 @@ def get_group(
             pg = _c10d_create(members, dist.Backend.FAKE, None, td, name, desc)
             _CACHE.stats.single += 1
         else:
-            gather_arrivals(
-                default_store(),
-                f"meshlayout/group/{name}",
-                members,
-                me,
-                td,
-                f"creating process group {format_ranks(members)} ({key[1]})",
-            )
+            if key[1] != dist.Backend.FAKE:  # a fake world has no peers to wait for
+                gather_arrivals(
+                    default_store(),
+                    f"meshlayout/group/{name}",
+                    members,
+                    me,
+                    td,
+                    f"creating process group {format_ranks(members)} ({key[1]})",
+                )
             pg = _c10d_create(members, key[1], pg_options, td, name, desc)
             _CACHE.stats.created += 1
             _CACHE.stats.created_keys.append(key)
