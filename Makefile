@@ -30,12 +30,14 @@ pytest: setup
 test: lint typecheck pytest
 
 demo: setup
+	$(VENV)/bin/meshlayout plan --world 64 --pp 2 --cp 2 --tp 4 --ep 4 --ranks-per-host 8 --rank 13 --view tp,fsdp,ep
 	$(VENV)/bin/meshlayout demo
 
 bench: setup
 	$(PY) benchmarks/bench_layout.py
 	$(PY) benchmarks/bench_mesh.py
 	$(PY) benchmarks/bench_sharding.py
+	$(PY) benchmarks/bench_runtime.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
