@@ -184,9 +184,9 @@ def _worker(rank: int, cfg: DemoConfig, port: int, events: Any) -> None:
         for name, param in model.state_dict().items():
             assert isinstance(param, DTensor)
             spec = ShardingSpec.from_torch(tuple(param.shape), dm.mesh, param.placements)
-            with CommDebugMode() as ours_comm:
+            with CommDebugMode() as ours_comm:  # type: ignore[no-untyped-call]
                 ours = full_tensor(param.to_local(), dm, spec)
-            with CommDebugMode() as torch_comm:
+            with CommDebugMode() as torch_comm:  # type: ignore[no-untyped-call]
                 theirs = param.full_tensor()
             checks[name] = {
                 "placements": str(spec.placements()),
