@@ -167,8 +167,11 @@ def full_tensor(local: torch.Tensor, dm: DistributedMesh, spec: ShardingSpec) ->
     shapes = [tuple(sum(b - a for a, b in rr) for rr in per) for per in runs]
     sizes = [_numel(s) for s in shapes]
     width = max(sizes)
-    send = torch.zeros(width, dtype=local.dtype, device=local.device)
-    send[: _numel(value.shape)] = value.reshape(-1)
+    if _numel(value.shape) == width:  # no padding needed: send the piece itself
+        send = value.contiguous().reshape(-1)
+    else:
+        send = torch.zeros(width, dtype=local.dtype, device=local.device)
+        send[: _numel(value.shape)] = value.reshape(-1)
     recv = torch.empty(width * len(members), dtype=local.dtype, device=local.device)
     dist.all_gather_single(recv, send, group=flat.get_group(0))
     out = torch.empty(spec.global_shape, dtype=local.dtype, device=local.device)
