@@ -11,7 +11,7 @@ a rank several runs per dim. See ``docs/sharding.md``.
 and torch arrays passed to ``shard``/``unshard`` do.
 """
 
-from ._order import Run, Runs, chunk_bounds
+from ._order import Run, Runs, chunk_bounds, literal_runs
 from ._placements import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard
 from ._spec import MeshLike, ShardingSpec
 
@@ -27,4 +27,5 @@ __all__ = [
     "ShardingSpec",
     "StridedShard",
     "chunk_bounds",
+    "literal_runs",
 ]
