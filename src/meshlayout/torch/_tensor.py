@@ -141,6 +141,9 @@ def full_tensor(local: torch.Tensor, dm: DistributedMesh, spec: ShardingSpec) ->
     One ``all_gather_single`` over the group of all mesh dims that shard ``spec`` (the
     flattened sub-mesh of those dims; pieces padded to the largest) plus one
     ``all_reduce`` per ``Partial`` mesh dim. Every rank of the mesh must call it.
+    When one tensor dim is sharded (FSDP, FSDP over TP), the group is flattened in
+    shard order so that pieces arrive in memory order and the receive buffer becomes
+    the result without a reassembly copy.
     """
     dm._require_member("full_tensor")
     if spec.mesh != dm.mesh:
@@ -161,6 +164,9 @@ def full_tensor(local: torch.Tensor, dm: DistributedMesh, spec: ShardingSpec) ->
     sharding = [m for m, p in enumerate(placements) if not isinstance(p, (Replicate, Partial))]
     if not sharding or all(dm.size(m) == 1 for m in sharding):
         return value.clone() if value is local else value
+    in_order = _pieces_in_memory_order(spec)
+    if in_order is not None:
+        return _gather_in_order(value, dm, spec, in_order)
     flat = dm[tuple(sharding)].flatten()
     members = flat.group_ranks(0)
     runs = [spec.local_runs(r) for r in members]
@@ -183,6 +189,58 @@ def full_tensor(local: torch.Tensor, dm: DistributedMesh, spec: ShardingSpec) ->
         for src_sl, dst_sl in _boxes(per, whole):
             out[dst_sl] = piece[src_sl]
     return out
+
+
+def _pieces_in_memory_order(spec: ShardingSpec) -> tuple[int, ...] | None:
+    """Mesh dims whose flattened group (in this order) lists the pieces in memory order.
+
+    True when exactly one tensor dim ``d`` is sharded and every dim before it has size
+    1: nested chunking in shard order then makes each piece one contiguous block of the
+    row-major global tensor, and the blocks follow the row-major order of the
+    coordinates of the shard order's mesh dims (outermost first). None otherwise.
+    """
+    if not spec.decodable:
+        return None
+    order = spec.shard_order()
+    if len(order) != 1:
+        return None
+    ((d, dims),) = order.items()
+    if any(n != 1 for n in spec.global_shape[:d]):
+        return None
+    return dims
+
+
+def _gather_in_order(
+    value: torch.Tensor, dm: DistributedMesh, spec: ShardingSpec, dims: tuple[int, ...]
+) -> torch.Tensor:
+    """One all-gather whose receive buffer becomes the global tensor.
+
+    Pieces arrive in memory order, each padded to the largest; unless a short piece is
+    followed by a non-empty one, no byte moves after the collective (the result is a
+    view of the receive buffer). Otherwise the later pieces slide left, once each.
+    """
+    flat = dm[tuple(m for m in dims if dm.size(m) > 1)].flatten()
+    members = flat.group_ranks(0)
+    sizes = [_numel(spec.local_shape(r)) for r in members]
+    width = max(sizes)
+    mine = _numel(value.shape)
+    if mine == width:
+        send = value.contiguous().reshape(-1)
+    else:
+        send = value.new_empty(width)
+        send[:mine] = value.reshape(-1)
+    recv = value.new_empty(width * len(members))
+    dist.all_gather_single(recv, send, group=flat.get_group(0))
+    offset = 0
+    for j, n in enumerate(sizes):
+        start = j * width
+        if n and offset != start:
+            piece = recv[start : start + n]
+            if offset + n > start:  # source and destination overlap
+                piece = piece.clone()
+            recv[offset : offset + n] = piece
+        offset += n
+    return recv[:offset].view(spec.global_shape)
 
 
 def redistribute(
