@@ -107,6 +107,8 @@ def bench_creation(max_log2: int) -> list[tuple[int, str, int, float]]:
 
 
 def _full_tensor_body(rank: int, world: int, sizes_mb: list[int], repeats: int) -> Any:
+    import logging
+
     import torch
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
@@ -115,6 +117,8 @@ def _full_tensor_body(rank: int, world: int, sizes_mb: list[int], repeats: int) 
     from meshlayout.sharding import Shard, ShardingSpec, StridedShard
     from meshlayout.torch import full_tensor, init_mesh
 
+    # DTensor warns on every call that it runs 2 sequential all-gathers; we report it once.
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     dm = init_mesh(Mesh({"dp": 2, "tp": 2}), timeout=120)
     tdm = dm.to_torch()
     results = []
