@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape, quoteattr
 
-__all__ = ["Svg", "esc", "fill_colour", "stack", "stroke_colour"]
+__all__ = ["Svg", "Swatch", "esc", "fill_colour", "stack", "stroke_colour"]
 
 FONT = "DejaVu Sans Mono, Menlo, Consolas, monospace"
 _GOLDEN = 137.508
@@ -27,6 +27,10 @@ def fill_colour(index: int) -> str:
 def stroke_colour(index: int) -> str:
     """A dark outline in the hue of :func:`fill_colour`."""
     return f"hsl({(index * _GOLDEN) % 360:.0f},65%,30%)"
+
+
+Swatch = tuple[str, str, str | None]
+"""A legend entry's colours: (fill, stroke, stroke dash pattern or None)."""
 
 
 def _attrs(attrs: dict[str, object]) -> str:
@@ -72,6 +76,32 @@ class Svg:
 
     def close_group(self) -> None:
         self.parts.append("</g>")
+
+    def legend(
+        self, x: float, y: float, entries: Sequence[tuple[str, Swatch | None]], line_h: float
+    ) -> float:
+        """One line per entry from baseline ``y``: a swatch and its text, or a plain note.
+
+        Returns the baseline after the last line.
+        """
+        for text, swatch in entries:
+            if swatch is None:
+                self.text(x, y, text, fill="#333")
+            else:
+                fill, stroke, dash = swatch
+                self.rect(
+                    x,
+                    y - 10,
+                    14,
+                    12,
+                    fill=fill,
+                    stroke=stroke,
+                    stroke_width=2,
+                    stroke_dasharray=dash,
+                )
+                self.text(x + 20, y, text)
+            y += line_h
+        return y
 
     def body(self) -> str:
         return "\n".join(self.parts)

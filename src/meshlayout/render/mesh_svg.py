@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from ..mesh import Mesh
 from ._fmt import coord_text, range_label, ranks_text
-from ._svg import Svg, fill_colour, stroke_colour
+from ._svg import Svg, Swatch, fill_colour, stroke_colour
 
 __all__ = ["mesh_picture", "mesh_svg"]
 
@@ -314,24 +314,7 @@ def mesh_picture(
                     )
 
     # ------------------------------------------------------------ legend
-    y = top + gh + 12
-    for text, colour in legend:
-        if colour is not None:
-            fill, stroke, dash = colour
-            svg.rect(
-                MARGIN,
-                y - 10,
-                14,
-                12,
-                fill=fill,
-                stroke=stroke,
-                stroke_width=2,
-                stroke_dasharray=dash,
-            )
-            svg.text(MARGIN + 20, y, text)
-        else:
-            svg.text(MARGIN, y, text, fill="#333")
-        y += LINE_H
+    svg.legend(MARGIN, top + gh + 12, legend, LINE_H)
     return svg
 
 
@@ -359,7 +342,7 @@ def _tooltip(
     return text
 
 
-Legend = list[tuple[str, tuple[str, str, str | None] | None]]
+Legend = list[tuple[str, Swatch | None]]
 
 
 def _legend(

@@ -172,14 +172,11 @@ def sharding_picture(
         label = ",".join(tags) if len(tags) <= 3 else f"{tags[0]}+{len(tags) - 1}"
         if len(label) * 6.2 + 4 <= w and h >= 13:
             svg.text(x + 4, y + 12, label, font_size=10, font_weight="bold", fill="#111")
-    y = top + gh + 18
-    for text, lg in legend:
-        if lg is not None:
-            svg.rect(MARGIN, y - 10, 14, 12, fill=fill_colour(lg), stroke=stroke_colour(lg))
-            svg.text(MARGIN + 20, y, text)
-        else:
-            svg.text(MARGIN, y, text, fill="#333")
-        y += LINE_H
+    entries = [
+        (text, None if lg is None else (fill_colour(lg), stroke_colour(lg), None))
+        for text, lg in legend
+    ]
+    svg.legend(MARGIN, top + gh + 18, entries, LINE_H)
     return svg
 
 
