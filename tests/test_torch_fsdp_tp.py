@@ -40,7 +40,7 @@ def _reference() -> tuple[float, dict[str, Any]]:
     model = _model()
     loss = model(_batch()).pow(2).sum(-1).mean()
     loss.backward()
-    return float(loss), {n: p.grad.clone() for n, p in model.named_parameters()}
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
 def _train_step(rank: int, world: int) -> dict[str, Any]:
