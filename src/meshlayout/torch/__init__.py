@@ -8,6 +8,7 @@ Needs torch and an initialised default process group (``torchrun`` or
 
 from __future__ import annotations
 
+from . import _requirements  # noqa: F401  (first: explains a missing or old torch)
 from ._errors import MeshMismatchError, RankTimeoutError
 from ._mesh import DistributedMesh, init_mesh, mesh_fingerprint
 from ._parallel import ParallelMeshes, build_parallel_dims
