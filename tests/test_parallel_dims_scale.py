@@ -28,7 +28,8 @@ def build_and_query() -> tuple[float, int]:
 def test_million_rank_world_under_5ms() -> None:
     build_and_query()  # warm the code paths (imports, first-call caches) outside the timing
     gc.collect()
-    best = min(build_and_query()[0] for _ in range(3))  # best of 3 fresh objects: no noise
+    # best of 10 fresh objects: robust to a CI machine busy with multi-process tests
+    best = min(build_and_query()[0] for _ in range(10))
     assert best < 5e-3, (
         f"2^20-rank ParallelDims: views + one rank's groups took {best * 1e3:.2f} ms"
     )
