@@ -158,13 +158,13 @@ def _absent_member(rank: int, world: int) -> Any:
     from meshlayout.torch._groups import get_group
 
     if rank == 2:
-        time.sleep(4)
+        time.sleep(8)
         return "absent"
     if rank == 3:
         return "bystander"
     t0 = time.monotonic()
     try:
-        get_group([0, 1, 2], timeout=1.5)
+        get_group([0, 1, 2], timeout=3)  # margin for ranks 0 and 1 on a busy machine
     except RankTimeoutError as exc:
         return (exc.missing, str(exc), time.monotonic() - t0)
     return "no error"
@@ -176,7 +176,7 @@ def test_group_creation_timeout_names_absent_ranks() -> None:
     for missing, message, seconds in out[:2]:
         assert missing == (2,)
         assert "did not answer" in message and "[2]" in message
-        assert seconds < 10
+        assert seconds < 15
 
 
 def _not_a_member(rank: int, world: int) -> str:
