@@ -253,3 +253,48 @@ def test_check_timeout_names_absent_ranks() -> None:
     for missing, message in out[:3]:
         assert missing == (3,)
         assert "rank 3: has made no mesh check yet" in message
+
+
+# ---------------------------------------------------------------------- one-rank groups
+
+
+def _one_rank_collectives(rank: int, world: int) -> dict[str, list[float]]:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed._functional_collectives import all_gather_tensor
+
+    from meshlayout.torch._groups import get_group
+
+    g = get_group([rank])  # no communicator: torch's local "fake" backend
+    x = torch.arange(6.0) + 10 * rank
+    out: dict[str, list[float]] = {}
+    y = torch.full((6,), -1.0)
+    dist.all_gather_into_tensor(y, x, group=g)
+    out["all_gather_into_tensor"] = y.tolist()
+    ys = [torch.full((6,), -1.0)]
+    dist.all_gather(ys, x, group=g)
+    out["all_gather"] = ys[0].tolist()
+    z = x.clone()
+    dist.all_reduce(z, group=g)
+    out["all_reduce"] = z.tolist()
+    r = torch.full((6,), -1.0)
+    dist.reduce_scatter_tensor(r, x, group=g)
+    out["reduce_scatter_tensor"] = r.tolist()
+    a = torch.full((6,), -1.0)
+    dist.all_to_all_single(a, x, group=g)
+    out["all_to_all_single"] = a.tolist()
+    b = x.clone()
+    dist.broadcast(b, rank, group=g)
+    out["broadcast"] = b.tolist()
+    out["functional_all_gather"] = all_gather_tensor(x, 0, g).tolist()
+    return out
+
+
+def test_one_rank_groups_make_every_collective_an_exact_copy() -> None:
+    # FSDP2 and TP still call collectives on size-1 mesh dims: the local group must
+    # return the input exactly (a future torch changing its fake backend fails here).
+    out = run_multiproc(_one_rank_collectives, 2, timeout=60)
+    for rank, results in enumerate(out):
+        want = [float(v + 10 * rank) for v in range(6)]
+        assert results == dict.fromkeys(results, want), (rank, results)
+        assert len(results) == 7
