@@ -235,3 +235,44 @@ def test_parallel_dims_build_creates_each_distinct_group_once() -> None:
         # tp, batch (= dp_replicate x dp_shard = loss), ep ... never more than the views.
         assert res["calls"] <= 8
         assert res["after"] == res["calls"]
+
+
+# ---------------------------------------------------------------------- backend_override
+
+
+def _override(rank: int, world: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from meshlayout import Mesh
+    from meshlayout.torch import init_mesh
+
+    mesh = Mesh({"dp": 2, "tp": 2})
+    dm = init_mesh(mesh, backend_override={"dp": "fake"}, timeout=30)
+    res: dict[str, Any] = {
+        "dp": dist.get_backend(dm.get_group("dp")),
+        "tp": dist.get_backend(dm.get_group("tp")),
+        "slice_dp": dist.get_backend(dm["dp"].get_group(0)),
+        "unflatten_dp": dist.get_backend(dm.unflatten("dp", (2, 1), ("a", "b")).get_group("a")),
+        "dp_members": dist.get_process_group_ranks(dm.get_group("dp")),
+    }
+    by_index = init_mesh(mesh, backend_override=[None, "gloo"], timeout=30)
+    res["by_index_tp"] = dist.get_backend(by_index.get_group("tp"))
+    for bad, kind in (({"xx": "gloo"}, KeyError), (["gloo"], ValueError), ([1, None], TypeError)):
+        try:
+            init_mesh(mesh, backend_override=bad, timeout=30)
+            res[f"bad {bad}"] = "no error"
+        except kind as exc:
+            res[f"bad {bad}"] = type(exc).__name__
+    return res
+
+
+def test_backend_override_per_dim_is_honoured_and_inherited() -> None:
+    out = run_multiproc(_override, 4, timeout=90)
+    for rank, res in enumerate(out):
+        assert res["dp"] == "fake" and res["tp"] == "gloo", res
+        assert res["slice_dp"] == "fake" and res["unflatten_dp"] == "fake", res
+        assert res["dp_members"] == [rank % 2, rank % 2 + 2]
+        assert res["by_index_tp"] == "gloo"
+        assert res["bad {'xx': 'gloo'}"] == "KeyError"
+        assert res["bad ['gloo']"] == "ValueError"
+        assert res["bad [1, None]"] == "TypeError"
