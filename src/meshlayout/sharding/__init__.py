@@ -11,21 +11,29 @@ a rank several runs per dim. See ``docs/sharding.md``.
 and torch arrays passed to ``shard``/``unshard`` do.
 """
 
+from ._boxes import Box, RunBox, box_numel, box_slices, intersect, local_slices, run_boxes
 from ._order import Run, Runs, chunk_bounds, literal_runs
 from ._placements import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard
 from ._spec import MeshLike, ShardingSpec
 
 __all__ = [
     "REDUCE_OPS",
+    "Box",
     "MeshLike",
     "Partial",
     "Placement",
     "Replicate",
     "Run",
+    "RunBox",
     "Runs",
     "Shard",
     "ShardingSpec",
     "StridedShard",
+    "box_numel",
+    "box_slices",
     "chunk_bounds",
+    "intersect",
     "literal_runs",
+    "local_slices",
+    "run_boxes",
 ]
