@@ -63,6 +63,29 @@ class ModelMesh:
     def flatten(self, name: str) -> ModelMesh:
         return self._derive([name], self.family.reshape(self.num_submeshes, -1))
 
+    def flatten_dims(self, idx: Sequence[int], name: str) -> ModelMesh:
+        """Merge dims ``idx`` (in that order) into one dim where ``idx[0]`` was."""
+        first = idx[0]
+        perm = [
+            j
+            for i in range(len(self.names))
+            for j in (idx if i == first else [i])
+            if i == first or i not in idx
+        ]
+        t = np.transpose(self.family, [0] + [1 + i for i in perm])
+        merged = int(np.prod([self.shape[i] for i in idx]))
+        shape = [
+            merged if i == first else self.shape[i]
+            for i in range(len(self.names))
+            if i == first or i not in idx
+        ]
+        names = [
+            name if i == first else self.names[i]
+            for i in range(len(self.names))
+            if i == first or i not in idx
+        ]
+        return self._derive(names, t.reshape((self.num_submeshes, *shape)))
+
     def unflatten(self, i: int, sizes: Sequence[int], names: Sequence[str]) -> ModelMesh:
         shape = self.shape
         new_shape = (*shape[:i], *sizes, *shape[i + 1 :])
@@ -138,6 +161,13 @@ class ModelMesh:
         """Every sub-mesh, ordered by the position of its first element."""
         firsts = self.family.reshape(self.num_submeshes, -1)[:, 0]
         return self.ranks[self.family[np.argsort(firsts, kind="stable")]]
+
+    def hosts_spanned(self, ranks_per_host: int) -> list[int]:
+        """Per sub-mesh (ordered as :meth:`submeshes`), the number of distinct hosts."""
+        return [
+            len({int(r) // ranks_per_host for r in sub.reshape(-1).tolist()})
+            for sub in self.submeshes()
+        ]
 
     # ------------------------------------------------------------------ representability
     def unflatten_is_affine(self, i: int, sizes: Sequence[int]) -> bool:

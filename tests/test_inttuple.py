@@ -64,3 +64,48 @@ def test_check_int_tuple_normalises() -> None:
 def test_check_int_tuple_rejects(bad: Any) -> None:
     with pytest.raises(TypeError, match="what"):
         check_int_tuple(bad, "what")
+
+
+def test_check_int_accepts_ints_and_numpy_ints_exactly() -> None:
+    from meshlayout.inttuple import check_int
+
+    assert check_int(7, "x") == 7
+    assert check_int(-7, "x") == -7
+    assert check_int(2**80, "x") == 2**80
+    for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint32, np.uint64):
+        v = check_int(t(5), "x")
+        assert v == 5 and type(v) is int
+    assert check_int(np.uint64(2**64 - 1), "x") == 2**64 - 1  # never wrapped
+    assert check_int(3, "x", minimum=3) == 3
+    with pytest.raises(ValueError, match="x must be >= 4, got 3"):
+        check_int(3, "x", minimum=4)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        True,
+        False,
+        np.bool_(True),
+        1.5,
+        2.0,
+        float("nan"),
+        float("inf"),
+        np.float64(2.0),
+        "3",
+        b"3",
+        None,
+        [1],
+        (1,),
+        np.array([1, 2]),
+        np.array(3),
+        1 + 0j,
+    ],
+)
+def test_check_int_rejects_non_integers_naming_the_value(bad: Any) -> None:
+    from meshlayout.inttuple import check_int, is_int
+
+    assert not is_int(bad)
+    with pytest.raises(TypeError, match="what must be an int, got") as info:
+        check_int(bad, "what")
+    assert repr(bad) in str(info.value)

@@ -356,3 +356,59 @@ def test_explicit_inverse_is_built_once_and_shared() -> None:
 def test_repr(mesh: Mesh, text: str) -> None:
     assert repr(mesh) == text
     assert len(repr(mesh)) < 120
+
+
+# ---------------------------------------------------------------------- group table, hosts, flatten(dims=)
+
+
+def test_group_table_rows_are_the_submeshes_brute_force() -> None:
+    m = Mesh(PDT, ranks=[5, 3, 1, 7, 0, 2, 4, 6, 8, 9, 10, 11, 15, 14, 13, 12])
+    for key in ("tp", "dp", ("tp", "pp"), ("pp", "dp", "tp"), "pp"):
+        view = m[key]
+        table = view.group_table()
+        assert table.shape == (view.num_submeshes, view.size())
+        # brute force: every rank's submesh, flattened, once per distinct row
+        rows = {tuple(view.submesh(r).reshape(-1).tolist()) for r in range(16)}
+        assert sorted(map(tuple, table.tolist())) == sorted(rows)
+        assert sorted(table.reshape(-1).tolist()) == list(range(16))
+
+
+def test_hosts_spanned_brute_force_and_validation() -> None:
+    m = Mesh({"dp": 4, "tp": 4}, ranks=range(100, 116))
+    for per_host in range(1, 18):
+        for name in ("dp", "tp"):
+            got = m[name].hosts_spanned(per_host).tolist()
+            want = [len({r // per_host for r in row}) for row in m[name].group_table().tolist()]
+            assert got == want
+    assert m["tp"].hosts_spanned(4).tolist() == [1, 1, 1, 1]
+    assert m["dp"].hosts_spanned(np.int64(4)).tolist() == [4, 4, 4, 4]
+    with pytest.raises(ValueError, match="ranks_per_host must be >= 1, got 0"):
+        m.hosts_spanned(0)
+    with pytest.raises(TypeError, match=r"ranks_per_host must be an int, got 1\.5"):
+        m.hosts_spanned(1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="got True of type bool"):
+        m.hosts_spanned(True)
+
+
+def test_flatten_a_subset_of_dims() -> None:
+    m = Mesh({"pp": 2, "dp": 2, "cp": 2, "tp": 2})
+    assert m.flatten(dims=("dp", "cp")) == Mesh({"pp": 2, "dp_cp": 4, "tp": 2})
+    assert m.flatten(dims=["pp", "dp", "cp", "tp"]) == m.flatten()
+    assert m.flatten("x", dims=[0, -1]).names == ("x", "dp", "cp")
+    assert m.flatten("x", dims=[-1, 0]).names == ("dp", "cp", "x")
+    assert m.flatten("x", dims=[-1, 0]).group(1, "x") == (0, 8, 1, 9)
+    assert m.flatten(dims="tp") == m
+    fsdp = m.flatten("fsdp", dims=("cp", "dp"))
+    assert fsdp.group(0, "fsdp") == (0, 4, 2, 6)
+    for bad, exc, msg in (
+        ((), ValueError, "at least one"),
+        (("dp", "dp"), ValueError, "same dim twice"),
+        (("dp", 1), ValueError, "same dim twice"),
+        (("ep",), KeyError, "unknown mesh dim 'ep'"),
+        ((7,), KeyError, "out of range"),
+        ((1.5,), TypeError, "1.5"),
+    ):
+        with pytest.raises(exc, match=msg):
+            m.flatten(dims=bad)
+    with pytest.raises(ValueError, match="unique"):
+        m.flatten("pp", dims=("dp", "cp"))

@@ -80,7 +80,7 @@ def step(pool: list[Pair], rnd: random.Random, k: int) -> Pair | None:
     """Apply one random operation to meshes of the pool; None if it was rejected."""
     cur = pool[-1] if rnd.random() < 0.7 else rnd.choice(pool)
     mesh, model = cur.mesh, cur.model
-    op = rnd.choice(("slice", "slice", "flatten", "unflatten", "unflatten", "concat"))
+    op = rnd.choice(("slice", "slice", "flatten", "flatten_dims", "unflatten", "concat"))
     if op == "slice":
         idx = rnd.sample(range(mesh.ndim), rnd.randint(1, mesh.ndim))
         key = tuple(mesh.names[i] if rnd.random() < 0.5 else i for i in idx)
@@ -88,6 +88,15 @@ def step(pool: list[Pair], rnd: random.Random, k: int) -> Pair | None:
     if op == "flatten":
         name = f"f{k}"
         return Pair(mesh.flatten(name), model.flatten(name))
+    if op == "flatten_dims":
+        idx = rnd.sample(range(mesh.ndim), rnd.randint(1, mesh.ndim))
+        dims = [mesh.names[i] if rnd.random() < 0.5 else i for i in idx]
+        name = f"g{k}" if rnd.random() < 0.5 else None
+        out = mesh.flatten(name, dims=dims)
+        return Pair(
+            out,
+            model.flatten_dims(idx, "_".join(mesh.names[i] for i in idx) if name is None else name),
+        )
     if op == "unflatten":
         i = rnd.randrange(mesh.ndim)
         sizes = random_split(mesh.shape[i], rnd)
@@ -146,6 +155,10 @@ def check(pair: Pair, outside: list[int]) -> None:
     for i, name in enumerate(mesh.names):
         assert _same(mesh.groups(name), model.groups(i)), (mesh, name)
     assert _same(mesh.submeshes(), model.submeshes()), mesh
+    table = mesh.group_table()
+    assert _same(table, model.submeshes().reshape(model.num_submeshes, -1)), mesh
+    for per_host in (1, 2, 3, 4, 8):
+        assert mesh.hosts_spanned(per_host).tolist() == model.hosts_spanned(per_host), mesh
     for rank in outside:
         assert rank not in mesh
         assert mesh.coordinate(rank) is None

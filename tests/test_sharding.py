@@ -211,6 +211,34 @@ def test_any_shard_order_matches_nested_chunking(case) -> None:
     assert ShardingSpec(shape, mesh, placements) == spec
 
 
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw_specs())
+def test_torch_split_runs_is_the_literal_walk(case) -> None:
+    """torch_split_runs == the reference literal split, for every coordinate."""
+    shape, sizes, placements = case
+    steps = sharding.placement_steps(placements, sizes, len(shape))
+    for d, s in enumerate(steps):
+        want = [
+            (m, sizes[m], p.split_factor if isinstance(p, StridedShard) else 1)
+            for m, p in enumerate(placements)
+            if isinstance(p, (Shard, StridedShard)) and p.dim % len(shape) == d
+        ]
+        assert list(s) == want
+    for coord in all_coords(sizes):
+        runs = sharding.torch_split_runs(shape, sizes, placements, coord)
+        for d, n in enumerate(shape):
+            want = literal_indices(n, d, placements, sizes, coord, len(shape))
+            np.testing.assert_array_equal(expand(runs[d]), want)
+
+
+def test_placement_steps_validates() -> None:
+    with pytest.raises(ValueError, match="one placement per mesh dim"):
+        sharding.placement_steps([Shard(0)], (2, 2), 1)
+    with pytest.raises(ValueError, match="out of range"):
+        sharding.placement_steps([Shard(2)], (2,), 2)
+    assert "placement_steps" in sharding.__all__ and "torch_split_runs" in sharding.__all__
+
+
 def _ref(shape, sizes, placements):
     return lambda c: reference_indices(shape, sizes, placements, c)
 

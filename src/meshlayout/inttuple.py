@@ -16,10 +16,13 @@ from __future__ import annotations
 import operator
 from typing import SupportsIndex, TypeAlias, cast
 
+import numpy as np
+
 IntTuple: TypeAlias = int | tuple["IntTuple", ...]
 
 __all__ = [
     "IntTuple",
+    "check_int",
     "check_int_tuple",
     "congruent",
     "flatten",
@@ -30,24 +33,81 @@ __all__ = [
 
 
 def is_int(x: object) -> bool:
-    """True for a Python or numpy integer, but not for ``bool``."""
-    if isinstance(x, bool):
+    """True for a Python or numpy integer (anything :func:`check_int` accepts), not a bool.
+
+    >>> is_int(3), is_int(np.int8(3)), is_int(True), is_int(3.0), is_int("3")
+    (True, True, False, False, False)
+    """
+    if isinstance(x, (bool, np.bool_, np.ndarray)):
         return False
-    if isinstance(x, int):
+    if isinstance(x, (int, np.integer)):
         return True
-    return hasattr(x, "__index__") and type(x).__module__ == "numpy"
+    return hasattr(type(x), "__index__")
+
+
+def check_int(value: object, what: str, *, minimum: int | None = None) -> int:
+    """``value`` as a plain Python ``int``; the one integer check of the library.
+
+    Accepts Python ints, numpy integers (any width, ``uint64`` included: the true
+    value is kept, never wrapped) and other objects with ``__index__``. Raises
+    ``TypeError`` naming ``what`` and the value for bools, floats (``1.5``,
+    ``nan``, even ``2.0``), strings and everything else, and ``ValueError`` when
+    ``minimum`` is given and the value is smaller. Python ints are unbounded, so
+    nothing overflows here; callers that need int64 check the range themselves.
+
+    >>> check_int(np.uint64(2**64 - 1), "rank")
+    18446744073709551615
+    >>> check_int(True, "dim")
+    Traceback (most recent call last):
+    ...
+    TypeError: dim must be an int, got True of type bool
+    >>> check_int(0, "mesh size", minimum=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: mesh size must be >= 1, got 0
+    """
+    if not is_int(value):
+        raise TypeError(f"{what} must be an int, got {value!r} of type {type(value).__name__}")
+    try:
+        v = operator.index(cast(SupportsIndex, value))
+    except TypeError:
+        raise TypeError(
+            f"{what} must be an int, got {value!r} of type {type(value).__name__}"
+        ) from None
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {v}")
+    return v
+
+
+#: Deepest nesting accepted by :func:`check_int_tuple` (deeper input is a ``ValueError``).
+MAX_DEPTH = 64
 
 
 def check_int_tuple(x: object, what: str) -> IntTuple:
     """Validate ``x`` as an IntTuple and return it with numpy ints made plain.
 
-    Raises ``TypeError`` naming ``what`` for anything that is not an int or a
-    (nested) tuple/list of ints (floats, strings and bools included).
+    Accepts ints, (nested) tuples and lists of ints, and integer numpy arrays
+    (``np.array([2, 3])`` reads as ``(2, 3)``). Raises ``TypeError`` naming
+    ``what`` for anything else (floats, strings and bools included) and
+    ``ValueError`` for nesting deeper than :data:`MAX_DEPTH`.
+
+    >>> check_int_tuple(np.array([[2, 3], [4, 5]]), "shape")
+    ((2, 3), (4, 5))
     """
+    return _check_int_tuple(x, what, 0)
+
+
+def _check_int_tuple(x: object, what: str, depth: int) -> IntTuple:
     if is_int(x):
         return operator.index(cast(SupportsIndex, x))
+    if depth >= MAX_DEPTH:
+        raise ValueError(f"{what} is nested more than {MAX_DEPTH} levels deep; that is the limit")
+    if isinstance(x, np.ndarray):
+        if x.dtype == np.bool_ or not np.issubdtype(x.dtype, np.integer):
+            raise TypeError(f"{what} must hold ints, got a numpy array of {x.dtype}")
+        x = x.tolist()
     if isinstance(x, (tuple, list)):
-        return tuple(check_int_tuple(e, what) for e in x)
+        return tuple(_check_int_tuple(e, what, depth + 1) for e in x)
     raise TypeError(
         f"{what} must be an int or a (nested) tuple of ints, got {x!r} of type {type(x).__name__}"
     )

@@ -37,7 +37,7 @@ from typing import Any, SupportsIndex, cast
 import numpy as np
 import numpy.typing as npt
 
-from .inttuple import is_int, suffix_product
+from .inttuple import check_int, is_int, suffix_product
 from .layout import Layout, make_layout
 from .rank_map import RankMap
 
@@ -216,11 +216,39 @@ class Mesh:
             tuple(self._names[i] for i in idx), tuple(self._axes[i] for i in idx), self._rank_map
         )
 
-    def flatten(self, name: str | None = None) -> Mesh:
-        """All dims merged row-major into one; default name ``"a_b_c"``."""
-        flat_name = "_".join(self._names) if name is None else name
-        merged = Layout(*_pack_modes([m for a in self._axes for m in a.modes]))
-        return Mesh._from_parts((flat_name,), (merged,), self._rank_map)
+    def flatten(self, name: str | None = None, *, dims: Sequence[Dim] | None = None) -> Mesh:
+        """Merge dims row-major into one dim called ``name`` (default ``"a_b_c"``).
+
+        Without ``dims`` every dim is merged. With ``dims`` (names or indices, in the
+        order to merge them, slowest first) only those are merged; the merged dim takes
+        the place of the first of ``dims`` and the other dims keep their order.
+
+        >>> m = Mesh({"pp": 2, "dp": 2, "cp": 2, "tp": 2})
+        >>> m.flatten(dims=("dp", "cp"))
+        Mesh(pp=2, dp_cp=4, tp=2)
+        >>> m.flatten("fsdp", dims=("cp", "dp")).group(2, "fsdp")
+        (0, 4, 2, 6)
+        """
+        if dims is None:
+            chosen = list(range(self.ndim))
+        else:
+            if isinstance(dims, str) or is_int(dims):
+                dims = (cast(Dim, dims),)
+            if not isinstance(dims, (tuple, list)) or not dims:
+                raise ValueError(f"flatten dims must name at least one mesh dim, got {dims!r}")
+            chosen = [self.dim_index(d) for d in dims]
+            if len(set(chosen)) != len(chosen):
+                raise ValueError(f"flatten dims {list(dims)} name the same dim twice")
+        flat_name = "_".join(self._names[i] for i in chosen) if name is None else name
+        modes = [m for i in chosen for m in self._axes[i].modes]
+        merged = Layout(*_pack_modes(modes))
+        first = chosen[0]
+        keep = [i for i in range(self.ndim) if i == first or i not in chosen]
+        return Mesh._from_parts(
+            tuple(flat_name if i == first else self._names[i] for i in keep),
+            tuple(merged if i == first else self._axes[i] for i in keep),
+            self._rank_map,
+        )
 
     def unflatten(self, dim: Dim, sizes: Sequence[int], names: Sequence[str]) -> Mesh:
         """Split one dim row-major into ``len(sizes)`` dims named ``names``.
@@ -353,6 +381,35 @@ class Mesh:
         offsets = lay.complement(len(self._rank_map)).indices()
         positions = offsets[:, None] + lay.indices()[None, :]
         return self._rank_map.take(positions).reshape((offsets.size, *self._shape))
+
+    def group_table(self) -> IntArray:
+        """Every sub-mesh as one row of global ranks: shape ``(num_submeshes, size())``.
+
+        Row ``g`` lists the ranks of sub-mesh ``g`` in row-major coordinate order,
+        i.e. ``submeshes().reshape(num_submeshes, -1)``; rows are ordered by their
+        first position. The one way to get "every group of a view as a 2-D array".
+        O(world).
+
+        >>> Mesh({"dp": 2, "tp": 2})["dp"].group_table().tolist()
+        [[0, 2], [1, 3]]
+        """
+        return self.submeshes().reshape(self.num_submeshes, self.size())
+
+    def hosts_spanned(self, ranks_per_host: int) -> IntArray:
+        """How many distinct hosts each sub-mesh touches: shape ``(num_submeshes,)``.
+
+        Host of rank ``r`` is ``r // ranks_per_host``; entry ``g`` counts the hosts
+        of row ``g`` of :meth:`group_table`. O(world).
+
+        >>> Mesh({"dp": 2, "tp": 4})["dp"].hosts_spanned(4).tolist()
+        [2, 2, 2, 2]
+        >>> Mesh({"dp": 2, "tp": 4})["tp"].hosts_spanned(4).tolist()
+        [1, 1]
+        """
+        n = check_int(ranks_per_host, "ranks_per_host", minimum=1)
+        hosts = np.sort(self.group_table() // n, axis=1)
+        counts: IntArray = 1 + np.count_nonzero(np.diff(hosts, axis=1), axis=1).astype(np.int64)
+        return counts
 
     # ------------------------------------------------------------------ value object
     def __eq__(self, other: object) -> bool:

@@ -12,6 +12,7 @@ and torch arrays passed to ``shard``/``unshard`` do.
 """
 
 from ._boxes import Box, RunBox, box_numel, box_slices, intersect, local_slices, run_boxes
+from ._literal import Step, placement_steps, torch_split_runs
 from ._order import Run, Runs, chunk_bounds, literal_runs
 from ._placements import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard
 from ._spec import MeshLike, ShardingSpec

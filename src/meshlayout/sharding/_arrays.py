@@ -111,5 +111,6 @@ def _combine(values: list[Any], op: str) -> Any:
 
 
 def submesh_index(mesh: Any) -> dict[int, int]:
-    subs = np.asarray(mesh.submeshes())
-    return {int(r): i for i, sub in enumerate(subs) for r in sub.reshape(-1)}
+    """``{global rank: index of its sub-mesh}`` from the mesh's group table."""
+    table = np.asarray(mesh.group_table())
+    return {int(r): g for g, row in enumerate(table.tolist()) for r in row}

@@ -14,32 +14,15 @@ ValueError: StridedShard(dim=0, split_factor=0): split_factor must be >= 1
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import Union
 
-__all__ = ["REDUCE_OPS", "Partial", "Placement", "Replicate", "Shard", "StridedShard", "check_int"]
+from ..inttuple import check_int
+
+__all__ = ["REDUCE_OPS", "Partial", "Placement", "Replicate", "Shard", "StridedShard"]
 
 #: Reduce operations accepted by ``Partial`` (those of ``torch.distributed.ReduceOp``).
 REDUCE_OPS = ("sum", "avg", "min", "max", "product", "band", "bor", "bxor")
-
-
-def check_int(value: object, what: str) -> int:
-    """``value`` as a Python int; TypeError for bools, floats and non-integers.
-
-    >>> check_int(3, "dim")
-    3
-    >>> check_int(True, "dim")
-    Traceback (most recent call last):
-    ...
-    TypeError: dim must be an int, got True (bool)
-    """
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be an int, got {value!r} (bool)")
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{what} must be an int, got {value!r} ({type(value).__name__})") from None
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from ..inttuple import check_int
 from ._arrays import put, reduce_group, submesh_index, take, zeros_like
-from ._order import Runs, decode, encode, literal_runs
+from ._literal import literal_runs_at, placement_steps
+from ._order import Runs, decode, encode
 from ._placements import (
     PLACEMENT_TYPES,
     REDUCE_OPS,
@@ -18,7 +20,6 @@ from ._placements import (
     Replicate,
     Shard,
     StridedShard,
-    check_int,
 )
 
 __all__ = ["MeshLike", "ShardingSpec"]
@@ -48,6 +49,8 @@ class MeshLike(Protocol):
     def coordinate(self, rank: int) -> tuple[int, ...] | None: ...
 
     def submeshes(self) -> Any: ...
+
+    def group_table(self) -> Any: ...
 
     def __contains__(self, rank: object) -> bool: ...
 
@@ -83,13 +86,8 @@ class ShardingSpec:
             raise TypeError(f"mesh must be a meshlayout Mesh, got {type(mesh).__name__}")
         sizes = tuple(int(s) for s in mesh.shape)
         given = _check_placements(placements, sizes, shape)
-        factors: list[list[tuple[int, int]]] = [[] for _ in shape]
-        for m, p in enumerate(given):
-            if isinstance(p, Shard):
-                factors[p.dim].append((m, 1))
-            elif isinstance(p, StridedShard):
-                factors[p.dim].append((m, p.split_factor))
-        decoded = [decode(f, sizes) for f in factors]
+        steps = placement_steps(given, sizes, len(shape))
+        decoded = [decode([(m, sf) for m, _, sf in s], sizes) for s in steps]
         if all(o is not None for o in decoded):
             order = tuple(o or () for o in decoded)
             final = _encode_all(order, given, sizes)
@@ -97,7 +95,7 @@ class ShardingSpec:
             decodable = True
         else:
             order, final, decodable = (), given, False
-            plan = tuple(tuple((m, sizes[m], sf) for m, sf in f) for f in factors)
+            plan = steps
         object.__setattr__(self, "global_shape", shape)
         object.__setattr__(self, "mesh", mesh)
         object.__setattr__(self, "_placements", final)
@@ -243,9 +241,7 @@ class ShardingSpec:
         return tuple(runs), tuple(shape), tuple(offset)
 
     def _literal_at(self, coord: Sequence[int]) -> _Local:
-        runs: list[Runs] = []
-        for n, steps in zip(self.global_shape, self._plan):
-            runs.append(literal_runs(n, [(k, coord[m], sf) for m, k, sf in steps]))
+        runs = literal_runs_at(self.global_shape, self._plan, coord)
         shape = tuple(sum(b - a for a, b in r) for r in runs)
         offset = None
         if all(len(r) <= 1 for r in runs):
