@@ -29,6 +29,7 @@ __all__ = [
     "Runs",
     "Shard",
     "ShardingSpec",
+    "Step",
     "StridedShard",
     "box_numel",
     "box_slices",
@@ -36,5 +37,7 @@ __all__ = [
     "intersect",
     "literal_runs",
     "local_slices",
+    "placement_steps",
     "run_boxes",
+    "torch_split_runs",
 ]
