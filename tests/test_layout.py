@@ -664,3 +664,54 @@ def test_error_make_layout_and_equivalent_types() -> None:
     _raises(TypeError, lambda: Layout(2).equivalent(2), "equivalent")  # type: ignore[arg-type]
     _raises(TypeError, lambda: logical_divide(8, 2), "logical_divide")  # type: ignore[arg-type]
     _raises(TypeError, lambda: logical_product(8, 2), "logical_product")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------- hostile input (issue 10)
+
+
+def test_indices_never_wrap_around_int64() -> None:
+    big = Layout((4,), (2**62,))
+    assert [big(i) for i in range(4)] == [0, 2**62, 2**63, 3 * 2**62]  # exact, one by one
+    with pytest.raises(ValueError, match=r"largest value 13835058055282163712 does not fit"):
+        big.indices()
+    edge = Layout((2,), (2**63 - 1,))  # the largest value that fits
+    assert edge.indices().tolist() == [0, 2**63 - 1]
+    with pytest.raises(ValueError, match="does not fit in int64"):
+        Layout((2, 2), (2**62, 2**62)).indices()
+
+
+def test_indices_refuses_more_than_max_elements(monkeypatch: pytest.MonkeyPatch) -> None:
+    import meshlayout.inttuple as inttuple
+
+    with pytest.raises(ValueError, match=r"would hold 1099511627776 elements.*MAX_ELEMENTS"):
+        Layout((2**20, 2**20)).indices()
+    monkeypatch.setattr(inttuple, "MAX_ELEMENTS", 11)
+    assert Layout(11).indices().size == 11
+    with pytest.raises(ValueError, match="would hold 12 elements, more than the limit"):
+        Layout((3, 4), (1, 3)).indices()
+
+
+def test_deep_nesting_is_a_value_error_not_a_recursion_error() -> None:
+    deep: Any = 4
+    for _ in range(600):
+        deep = (deep,)
+    with pytest.raises(ValueError, match="nested more than 64 levels deep"):
+        Layout(deep)
+    with pytest.raises(ValueError, match="nested more than 64 levels deep"):
+        Layout(4, deep)
+    with pytest.raises(ValueError, match="cannot parse layout"):
+        Layout.parse("(" * 600 + "4" + ",)" * 600)
+    ok: Any = 4
+    for _ in range(60):
+        ok = (ok,)
+    assert Layout(ok).size() == 4
+
+
+def test_numpy_arrays_are_accepted_as_shapes_and_strides() -> None:
+    assert Layout(np.array([2, 3])) == Layout((2, 3))
+    assert Layout(np.array([2, 3]), np.array([1, 2])) == Layout((2, 3), (1, 2))
+    assert Layout(np.array(5, dtype=np.int64).reshape(1)) == Layout(5)
+    with pytest.raises(TypeError, match="must hold ints, got a numpy array of float64"):
+        Layout(np.array([2.0, 3.0]))
+    with pytest.raises(TypeError, match="array of bool"):
+        Layout(np.array([True]))

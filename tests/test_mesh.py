@@ -412,3 +412,95 @@ def test_flatten_a_subset_of_dims() -> None:
             m.flatten(dims=bad)
     with pytest.raises(ValueError, match="unique"):
         m.flatten("pp", dims=("dp", "cp"))
+
+
+# ---------------------------------------------------------------------- hostile input (issue 10)
+
+
+def test_rank_map_index_and_position_reject_non_ints_naming_the_value() -> None:
+    with pytest.raises(TypeError, match=r"got 1\.5 of type float"):
+        RankMap(range(4))[1.5]  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match="got True of type bool"):
+        RankMap(range(4))[True]  # type: ignore[call-overload]
+    assert RankMap(range(4))[np.int64(-1)] == 3
+    explicit = RankMap([3, 1, 2, 0])
+    with pytest.raises(TypeError, match=r"rank must be an int, got 1\.5 of type float"):
+        explicit.position(1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"rank must be an int, got nan"):
+        RankMap(range(4)).position(float("nan"))  # type: ignore[arg-type]
+    assert explicit.position(np.uint64(2)) == 2
+    assert explicit.position(2**100) is None and RankMap(range(4)).position(2**100) is None
+    assert 1.5 not in explicit and True not in explicit and 2**100 not in explicit
+
+
+def test_rank_map_names_huge_ranks_with_their_true_value() -> None:
+    big = 2**63 + 5
+    with pytest.raises(ValueError, match=str(big)):
+        RankMap(np.array([big, 1], dtype=np.uint64))
+    with pytest.raises(ValueError, match=str(2**70)):
+        RankMap([2**70, 1])
+    with pytest.raises(ValueError, match=f"reaches {2**63 + 4}"):
+        RankMap(range(2**63 - 5, 2**63 + 5))
+    assert RankMap(np.array([2**63 - 1, 0], dtype=np.uint64))[0] == 2**63 - 1
+    with pytest.raises(TypeError, match="got None of type NoneType"):
+        RankMap([1, None])
+    with pytest.raises(ValueError, match="ragged"):
+        RankMap([[1, 2], [3]])
+
+
+def test_world_sizes_beyond_int64_are_value_errors_not_overflow() -> None:
+    from meshlayout.rank_map import MAX_WORLD
+
+    assert MAX_WORLD == 2**63 - 1
+    with pytest.raises(ValueError, match=r"range\(0, 100000000000000000000\) holds 10{20} ranks"):
+        RankMap(range(0, 10**20))
+    with pytest.raises(ValueError, match="9223372036854775808 positions, more than MAX_WORLD"):
+        Mesh({"a": 2**63})
+    with pytest.raises(ValueError, match="more than MAX_WORLD"):
+        Mesh({"a": 2**62, "b": 2})
+    top = RankMap(range(2**63 - 1))
+    assert len(top) == 2**63 - 1 and top[-1] == 2**63 - 2 and top.position(2**63 - 2) == 2**63 - 2
+    assert (2**63 - 1) % (7 * 73) == 0
+    edge = Mesh({"a": (2**63 - 1) // (7 * 73), "b": 7, "c": 73})  # exactly MAX_WORLD ranks
+    last = 2**63 - 2
+    assert edge.coordinate(last) == ((2**63 - 1) // (7 * 73) - 1, 6, 72)
+    assert edge.group(last, "b") == tuple(last - 73 * k for k in range(6, -1, -1))
+    assert edge.local_rank(last, "a") == (2**63 - 1) // (7 * 73) - 1
+    with pytest.raises(ValueError, match="would hold 18049651735527937 elements"):
+        edge.group(5, "a")
+
+
+def test_whole_world_answers_refuse_past_max_elements(monkeypatch: pytest.MonkeyPatch) -> None:
+    import meshlayout.inttuple as inttuple
+
+    m = Mesh((1048576, 1048576))  # 2**40 ranks: building and per-rank queries are fine
+    assert m.group(2**40 - 1, 0)[:2] == (1048575, 2 * 1048576 - 1)
+    for call in (lambda: m.groups(0), m.submeshes, m.group_table, lambda: m.hosts_spanned(8)):
+        with pytest.raises(ValueError, match=r"1099511627776 elements.*MAX_ELEMENTS = 134217728"):
+            call()
+    with pytest.raises(ValueError, match="1099511627776 elements"):
+        m.rank_map.to_numpy()
+    with pytest.raises(ValueError, match="1099511627776 elements"):
+        m.flatten().group(0, 0)
+    monkeypatch.setattr(inttuple, "MAX_ELEMENTS", 16)
+    small = Mesh({"a": 4, "b": 4})
+    assert small.groups("a").shape == (4, 4)
+    with pytest.raises(ValueError, match="would hold 32 elements"):
+        Mesh({"a": 4, "b": 8}).group_table()
+
+
+def test_messages_name_the_bad_argument() -> None:
+    with pytest.raises(TypeError, match=r"Mesh\.concat takes a sequence of Mesh objects, got 5"):
+        Mesh.concat(5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="got Mesh"):
+        Mesh.concat(Mesh(PDT))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="takes Mesh objects, got 'tp' of type str"):
+        Mesh.concat(["tp"])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"unflatten sizes must be a sequence of ints, got 4"):
+        Mesh({"a": 4}).unflatten("a", 4, ("x",))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"unflatten size must be an int, got 2\.0"):
+        Mesh({"a": 4}).unflatten("a", (2.0, 2), ("x", "y"))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="unflatten names must be a sequence of str, got 7"):
+        Mesh({"a": 4}).unflatten("a", (4,), 7)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"mesh size must be an int, got nan"):
+        Mesh((2, float("nan")))  # type: ignore[arg-type]

@@ -420,6 +420,19 @@ def test_error_world_size() -> None:
         ParallelDims(0)
     with raises(TypeError, "world_size must be an int, got 8.0 of type float"):
         ParallelDims(8.0)  # type: ignore[arg-type]
+    with raises(ValueError, "world_size 9223372036854775808 is more than MAX_WORLD"):
+        ParallelDims(2**63)
+    with raises(ValueError, "world_size 18446744073709551616 is more than MAX_WORLD"):
+        ParallelDims(2**64, tp=8)
+
+
+def test_a_2_pow_40_world_is_cheap_per_rank() -> None:
+    pd = ParallelDims(2**40, tp=8, cp=2)
+    assert pd.rank_map.is_range
+    assert pd.mesh("tp").group(2**40 - 1, "tp") == tuple(range(2**40 - 8, 2**40))
+    assert pd.mesh("loss").size() == 2**37  # dp_shard * cp = world / tp
+    with raises(ValueError, "elements, more than the limit MAX_ELEMENTS"):
+        pd.mesh("tp").group_table()
 
 
 @pytest.mark.parametrize("name", ["pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp"])

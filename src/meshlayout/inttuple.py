@@ -21,7 +21,10 @@ import numpy as np
 IntTuple: TypeAlias = int | tuple["IntTuple", ...]
 
 __all__ = [
+    "INT64_MAX",
+    "MAX_ELEMENTS",
     "IntTuple",
+    "check_elements",
     "check_int",
     "check_int_tuple",
     "congruent",
@@ -30,6 +33,34 @@ __all__ = [
     "suffix_product",
     "unflatten_like",
 ]
+
+
+#: Largest int64: the bound on every rank, position, world size and layout value.
+INT64_MAX = 2**63 - 1
+
+#: Most elements one whole-world answer may hold (``Mesh.groups``, ``Mesh.submeshes``,
+#: ``Mesh.group_table``, ``Layout.indices``, ``RankMap.to_numpy``): 2**27 int64s, 1 GiB.
+#: Above it those calls raise ``ValueError`` instead of exhausting memory; per-rank
+#: queries have no such limit.
+MAX_ELEMENTS = 1 << 27
+
+
+def check_elements(count: int, what: str) -> None:
+    """``ValueError`` naming ``what`` if an answer of ``count`` elements exceeds :data:`MAX_ELEMENTS`.
+
+    >>> check_elements(2**40, "Mesh.groups('tp')")
+    Traceback (most recent call last):
+    ...
+    ValueError: Mesh.groups('tp') would hold 1099511627776 elements, more than the limit \
+MAX_ELEMENTS = 134217728 (meshlayout.inttuple.MAX_ELEMENTS); ask per-rank questions \
+(group, submesh, coordinate) instead
+    """
+    if count > MAX_ELEMENTS:
+        raise ValueError(
+            f"{what} would hold {count} elements, more than the limit MAX_ELEMENTS = "
+            f"{MAX_ELEMENTS} (meshlayout.inttuple.MAX_ELEMENTS); ask per-rank questions "
+            "(group, submesh, coordinate) instead"
+        )
 
 
 def is_int(x: object) -> bool:
@@ -101,7 +132,10 @@ def _check_int_tuple(x: object, what: str, depth: int) -> IntTuple:
     if is_int(x):
         return operator.index(cast(SupportsIndex, x))
     if depth >= MAX_DEPTH:
-        raise ValueError(f"{what} is nested more than {MAX_DEPTH} levels deep; that is the limit")
+        raise ValueError(
+            f"{what} is nested more than {MAX_DEPTH} levels deep, the limit "
+            f"(meshlayout.inttuple.MAX_DEPTH); a shape is an int or tuples of tuples of ints"
+        )
     if isinstance(x, np.ndarray):
         if x.dtype == np.bool_ or not np.issubdtype(x.dtype, np.integer):
             raise TypeError(f"{what} must hold ints, got a numpy array of {x.dtype}")

@@ -42,7 +42,9 @@ import numpy as np
 import numpy.typing as npt
 
 from .inttuple import (
+    INT64_MAX,
     IntTuple,
+    check_elements,
     check_int_tuple,
     congruent,
     flatten,
@@ -155,8 +157,8 @@ class Layout:
         try:
             values = [ast.literal_eval(p) for p in parts]
             return cls(*values)
-        except (ValueError, SyntaxError, TypeError) as exc:
-            raise ValueError(f"cannot parse layout {text!r}: {exc}") from None
+        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError) as exc:
+            raise ValueError(f"cannot parse layout {text[:80]!r}: {exc}") from None
 
     # ------------------------------------------------------------------ structure
     def __len__(self) -> int:
@@ -198,7 +200,23 @@ class Layout:
 
         Vectorised: one numpy broadcast per (coalesced) mode, no Python loop per
         element. The array is cached and shared; copy it before writing.
+        ``ValueError`` (never a wrapped value or a MemoryError) when a value does not
+        fit in int64 or the size exceeds :data:`meshlayout.inttuple.MAX_ELEMENTS`;
+        ``L(i)`` stays exact for any single coordinate.
+
+        >>> Layout((4,), (2**62,)).indices()
+        Traceback (most recent call last):
+        ...
+        ValueError: 4:4611686018427387904.indices(): the largest value 13835058055282163712 \
+does not fit in int64 (at most 9223372036854775807); evaluate coordinates one by one with L(i)
         """
+        top = self.cosize() - 1
+        if top > INT64_MAX:
+            raise ValueError(
+                f"{self!r}.indices(): the largest value {top} does not fit in int64 "
+                f"(at most {INT64_MAX}); evaluate coordinates one by one with L(i)"
+            )
+        check_elements(self.size(), f"{self!r}.indices()")
         return _indices(self.coalesce())
 
     # ------------------------------------------------------------------ simplification

@@ -30,16 +30,15 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, SupportsIndex, cast
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from .inttuple import check_int, is_int, suffix_product
+from .inttuple import check_elements, check_int, is_int, suffix_product
 from .layout import Layout, make_layout
-from .rank_map import RankMap
+from .rank_map import MAX_WORLD, RankMap
 
 __all__ = ["Dim", "Mesh"]
 
@@ -93,6 +92,11 @@ class Mesh:
     ) -> None:
         sizes, dim_names = _parse_shape(shape, names)
         total = math.prod(sizes)
+        if total > MAX_WORLD:
+            raise ValueError(
+                f"a mesh of shape {sizes} has {total} positions, more than "
+                f"MAX_WORLD = {MAX_WORLD} (ranks are int64)"
+            )
         if ranks is None:
             rank_map = RankMap(range(total))
         elif isinstance(ranks, RankMap):
@@ -257,8 +261,18 @@ class Mesh:
         (1, 5)
         """
         i = self.dim_index(dim)
-        sizes_t = tuple(_check_size(s, "unflatten size") for s in sizes)
-        names_t = tuple(names) if not isinstance(names, str) else (names,)
+        if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Iterable):
+            raise TypeError(
+                f"unflatten sizes must be a sequence of ints, got {sizes!r} of type "
+                f"{type(sizes).__name__}; e.g. ({sizes!r},) for one dim"
+            )
+        sizes_t = tuple(check_int(s, "unflatten size", minimum=1) for s in sizes)
+        if isinstance(names, str):
+            names_t: tuple[str, ...] = (names,)
+        elif isinstance(names, Iterable):
+            names_t = tuple(names)
+        else:
+            raise TypeError(f"unflatten names must be a sequence of str, got {names!r}")
         if len(sizes_t) != len(names_t) or not sizes_t:
             raise ValueError(
                 f"unflatten needs one name per size, got sizes {sizes_t} and names {names_t}"
@@ -290,12 +304,19 @@ class Mesh:
         >>> Mesh.concat([m["pp"], m["tp"]]) == m["pp", "tp"]
         True
         """
+        if isinstance(meshes, Mesh) or not isinstance(meshes, Iterable):
+            raise TypeError(
+                f"Mesh.concat takes a sequence of Mesh objects, got {meshes!r} of type "
+                f"{type(meshes).__name__}"
+            )
         ms = list(meshes)
         if not ms:
             raise ValueError("Mesh.concat needs at least one mesh")
         for m in ms:
             if not isinstance(m, Mesh):
-                raise TypeError(f"Mesh.concat takes Mesh objects, got {type(m).__name__}")
+                raise TypeError(
+                    f"Mesh.concat takes Mesh objects, got {m!r} of type {type(m).__name__}"
+                )
         rank_map = ms[0]._rank_map
         for m in ms[1:]:
             if m._rank_map != rank_map:
@@ -325,6 +346,7 @@ class Mesh:
         """Positions of axis ``i`` from coordinate 0 (read-only; cached, size of the dim)."""
         cached = self._axis_positions[i]
         if cached is None:
+            check_elements(self._shape[i], f"a group along {self._names[i]!r} of {self!r}")
             cached = _digit_values(self._digits[i])
             self._axis_positions[i] = cached
         return cached
@@ -356,6 +378,7 @@ class Mesh:
     def submesh(self, rank: int) -> IntArray:
         """The concrete sub-mesh containing ``rank``: an ndarray of global ranks of ``shape``."""
         p = self._position(rank, "submesh")
+        check_elements(self.size(), f"a sub-mesh of {self!r}")
         base = p - sum(self._axis_offset(i, p) for i in range(self.ndim))
         positions = np.full((1,) * self.ndim, base, dtype=np.int64)
         for i in range(self.ndim):
@@ -370,13 +393,16 @@ class Mesh:
 
         O(world); groups are ordered by their first position.
         """
-        axis = self._axes[self.dim_index(dim)]
+        i = self.dim_index(dim)
+        check_elements(len(self._rank_map), f"{self!r}.groups({self._names[i]!r})")
+        axis = self._axes[i]
         offsets = axis.complement(len(self._rank_map)).indices()
         positions = offsets[:, None] + axis.indices()[None, :]
         return self._rank_map.take(positions)
 
     def submeshes(self) -> IntArray:
         """Every sub-mesh of the family: shape ``(num_submeshes, *shape)``. O(world)."""
+        check_elements(len(self._rank_map), f"{self!r}.submeshes()")
         lay = self.layout
         offsets = lay.complement(len(self._rank_map)).indices()
         positions = offsets[:, None] + lay.indices()[None, :]
@@ -393,6 +419,7 @@ class Mesh:
         >>> Mesh({"dp": 2, "tp": 2})["dp"].group_table().tolist()
         [[0, 2], [1, 3]]
         """
+        check_elements(len(self._rank_map), f"{self!r}.group_table()")
         return self.submeshes().reshape(self.num_submeshes, self.size())
 
     def hosts_spanned(self, ranks_per_host: int) -> IntArray:
@@ -483,15 +510,6 @@ def _digit_values(digits: tuple[_Digit, ...]) -> IntArray:
     return values
 
 
-def _check_size(s: object, what: str) -> int:
-    if not is_int(s):
-        raise TypeError(f"{what} must be an int, got {s!r} of type {type(s).__name__}")
-    v = operator.index(cast(SupportsIndex, s))
-    if v <= 0:
-        raise ValueError(f"{what} must be >= 1, got {v}")
-    return v
-
-
 def _parse_shape(
     shape: Sequence[int] | Mapping[str, int], names: Sequence[str] | None
 ) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -511,7 +529,7 @@ def _parse_shape(
     bad = [s for s in raw if is_int(s) and int(s) <= 0]
     if bad:
         raise ValueError(f"mesh sizes must be >= 1, got {list(raw)}")
-    sizes = tuple(_check_size(s, "mesh size") for s in raw)
+    sizes = tuple(check_int(s, "mesh size", minimum=1) for s in raw)
     if names is None:
         dim_names = tuple(f"dim{i}" for i in range(len(sizes)))
     elif isinstance(names, str):

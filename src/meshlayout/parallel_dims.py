@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from .inttuple import is_int
+from .inttuple import check_int, is_int
 from .mesh import Mesh
-from .rank_map import RankMap
+from .rank_map import MAX_WORLD, RankMap
 
 __all__ = ["DENSE_DIMS", "SPARSE_DIMS", "VIEWS", "ParallelDims", "hosts_spanned"]
 
@@ -65,9 +65,7 @@ VIEWS: dict[str, str] = {
 
 
 def _positive_int(name: str, value: object, *, allow_minus_one: bool = False) -> int:
-    if not is_int(value):
-        raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
-    v = operator.index(value)  # type: ignore[arg-type]
+    v = check_int(value, name)
     if v == -1 and allow_minus_one:
         return v
     if v < 1:
@@ -137,6 +135,10 @@ class ParallelDims:
         ranks: Any = None,
     ) -> None:
         world = _positive_int("world_size", world_size)
+        if world > MAX_WORLD:
+            raise ValueError(
+                f"world_size {world} is more than MAX_WORLD = {MAX_WORLD} (ranks are int64)"
+            )
         given = {
             "pp": _positive_int("pp", pp),
             "dp_replicate": _positive_int("dp_replicate", dp_replicate),

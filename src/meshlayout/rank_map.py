@@ -23,9 +23,16 @@ from typing import Any, overload
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["RankMap"]
+from .inttuple import INT64_MAX, check_elements, check_int, is_int
+
+__all__ = ["MAX_RANK", "MAX_WORLD", "RankMap"]
 
 IntArray = npt.NDArray[np.int64]
+
+#: Largest global rank: ranks are int64 (numpy arrays, torch tensors, c10d).
+MAX_RANK = INT64_MAX
+#: Most ranks in one rank map / mesh / ParallelDims world (Python's ``len`` limit too).
+MAX_WORLD = INT64_MAX
 
 
 class RankMap(Sequence[int]):
@@ -77,6 +84,7 @@ class RankMap(Sequence[int]):
     def __getitem__(self, i: int | slice) -> int | Sequence[int]:
         if isinstance(i, slice):
             return [int(v) for v in self.to_numpy()[i]]
+        i = check_int(i, "a rank map position")
         if not -self._n <= i < self._n:
             raise IndexError(f"position {i} out of range for a rank map of length {self._n}")
         i %= self._n
@@ -90,9 +98,9 @@ class RankMap(Sequence[int]):
         return iter(self._array.tolist())
 
     def __contains__(self, rank: object) -> bool:
-        if not isinstance(rank, (int, np.integer)) or isinstance(rank, bool):
+        if not is_int(rank):
             return False
-        return self.position(int(rank)) is not None
+        return self.position(rank) is not None  # type: ignore[arg-type]
 
     @property
     def is_range(self) -> bool:
@@ -112,14 +120,22 @@ class RankMap(Sequence[int]):
         return self._array[positions]
 
     def to_numpy(self) -> IntArray:
-        """All ranks as an int64 array (O(len); read-only view when stored explicitly)."""
+        """All ranks as an int64 array (O(len); read-only view when stored explicitly).
+
+        ``ValueError`` above :data:`meshlayout.inttuple.MAX_ELEMENTS` ranks.
+        """
         if self._array is None:
+            check_elements(self._n, f"{self!r}.to_numpy()")
             return self._start + np.arange(self._n, dtype=np.int64) * self._step
         return self._array
 
     # ------------------------------------------------------------------ inverse
     def position(self, rank: int) -> int | None:
-        """The position holding ``rank``, or None if ``rank`` is not in the map."""
+        """The position holding ``rank``, or None if ``rank`` is not in the map.
+
+        ``TypeError`` naming ``rank`` if it is not an int (``1.5``, ``True``, ...).
+        """
+        rank = check_int(rank, "rank")
         if self._array is None:
             q, r = divmod(rank - self._start, self._step)
             return q if r == 0 and 0 <= q < self._n else None
@@ -211,27 +227,15 @@ def _normalise(ranks: Any) -> tuple[int, int, int, IntArray | None]:
     if isinstance(ranks, RankMap):
         return ranks._start, ranks._step, ranks._n, ranks._array
     if isinstance(ranks, range):
-        if len(ranks) == 0:
-            raise ValueError("a rank map needs at least one rank, got an empty range")
-        if min(ranks[0], ranks[-1]) < 0:
-            raise ValueError(f"ranks must be non-negative, got {ranks}")
-        step = ranks.step if len(ranks) > 1 else 1
-        return ranks[0], step, len(ranks), None
+        return _normalise_range(ranks)
     if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__len__"):
         raise TypeError(
             f"ranks must be a range, a sequence or an array of ints, got {type(ranks).__name__}"
         )
-    array = np.asarray(ranks)
-    if array.dtype == bool or not (array.size == 0 or np.issubdtype(array.dtype, np.integer)):
-        raise TypeError(f"ranks must be integers, got an array of {array.dtype}")
-    array = array.astype(np.int64).reshape(-1)
+    array = _as_int64(ranks)
     n = int(array.size)
     if n == 0:
         raise ValueError("a rank map needs at least one rank, got none")
-    if int(array.min()) < 0:
-        raise ValueError(
-            f"ranks must be non-negative, got {sorted(set(array[array < 0].tolist()))}"
-        )
     if n > 1:
         diffs = np.diff(array)
         if diffs[0] != 0 and bool(np.all(diffs == diffs[0])):
@@ -242,3 +246,50 @@ def _normalise(ranks: Any) -> tuple[int, int, int, IntArray | None]:
     array = array.copy()
     array.setflags(write=False)
     return 0, 0, n, array
+
+
+def _normalise_range(ranks: range) -> tuple[int, int, int, None]:
+    """A range, checked without ``len`` (which overflows past 2**63 - 1 items)."""
+    start, stop, step = ranks.start, ranks.stop, ranks.step
+    n = max(0, (stop - start + step - (1 if step > 0 else -1)) // step)
+    if n == 0:
+        raise ValueError(f"a rank map needs at least one rank, got the empty {ranks}")
+    if n > MAX_WORLD:
+        raise ValueError(f"{ranks} holds {n} ranks, more than MAX_WORLD = {MAX_WORLD} (int64)")
+    first, last = start, start + (n - 1) * step
+    if min(first, last) < 0:
+        raise ValueError(f"ranks must be non-negative, got {ranks}")
+    if max(first, last) > MAX_RANK:
+        raise ValueError(
+            f"ranks must be at most MAX_RANK = {MAX_RANK} (int64), but {ranks} reaches "
+            f"{max(first, last)}"
+        )
+    return first, step if n > 1 else 1, n, None
+
+
+def _as_int64(ranks: Any) -> IntArray:
+    """Flat int64 array of ``ranks``; out-of-range values are named with their true value."""
+    try:
+        array = np.asarray(ranks)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"ranks must be a regular (not ragged) array of ints: {exc}") from None
+    if array.dtype == object:
+        values = [check_int(v, "a rank") for v in array.reshape(-1).tolist()]
+        bad = sorted({v for v in values if not 0 <= v <= MAX_RANK})
+        if bad:
+            raise ValueError(f"ranks must be in [0, MAX_RANK = {MAX_RANK}] (int64), got {bad[:8]}")
+        return np.asarray(values, dtype=np.int64).reshape(-1)
+    if array.dtype == bool or not (array.size == 0 or np.issubdtype(array.dtype, np.integer)):
+        raise TypeError(f"ranks must be integers, got an array of {array.dtype}")
+    array = array.reshape(-1)
+    if array.size and np.issubdtype(array.dtype, np.unsignedinteger):
+        big = array[array > MAX_RANK]
+        if big.size:
+            values = sorted({int(v) for v in big[:8]})
+            raise ValueError(f"ranks must be at most MAX_RANK = {MAX_RANK} (int64), got {values}")
+    array = array.astype(np.int64)
+    if array.size and int(array.min()) < 0:
+        raise ValueError(
+            f"ranks must be non-negative, got {sorted(set(array[array < 0].tolist()))[:8]}"
+        )
+    return array
