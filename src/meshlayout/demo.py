@@ -3,8 +3,10 @@
 The demo is the end-to-end check a user runs first:
 
 1. plan the meshes with :class:`~meshlayout.parallel_dims.ParallelDims` and print them;
-2. start ``nproc`` CPU processes (gloo on 127.0.0.1), bind the meshes to real
-   process groups with ``ParallelDims.build("cpu")`` and hand them to torch's
+2. start ``nproc`` CPU processes (gloo on 127.0.0.1) as fresh interpreters
+   (multiprocessing's ``spawn``: never ``fork``, since the caller may already
+   have used torch's thread pools, stores or process groups, and a forked child
+   of such a process can hang), bind the meshes to real process groups with ``ParallelDims.build("cpu")`` and hand them to torch's
    tensor parallelism (``ColwiseParallel``/``RowwiseParallel``) and FSDP2
    (``fully_shard``) through ``DistributedMesh.to_torch()``;
 3. train a 10 -> 6 -> 10 MLP (uneven FSDP-over-TP shards) for ``steps`` steps,
@@ -12,7 +14,9 @@ The demo is the end-to-end check a user runs first:
 4. check that the losses match a single-process run of the same model on the
    same data, and that :func:`meshlayout.torch.full_tensor` of every parameter
    (one all-gather, reassembled from our sharding spec) equals both torch's
-   ``DTensor.full_tensor()`` and the single-process parameters.
+   ``DTensor.full_tensor()`` and the single-process parameters. With ``tp=1``
+   (odd ``nproc``) the parameters are sharded by FSDP alone, over the 1-D
+   ``fsdp`` mesh, unevenly when ``nproc`` does not divide their rows.
 
 It returns 0 if every check passes, 1 otherwise. torch is imported lazily so
 that ``meshlayout --help`` stays fast and torch-free.
@@ -20,6 +24,7 @@ that ``meshlayout --help`` stays fast and torch-free.
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import os
 import queue
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import IO, Any
 
+from . import render
 from .parallel_dims import ParallelDims
 
 __all__ = ["DemoConfig", "demo_parallel_dims", "run_demo"]
@@ -38,21 +44,44 @@ GLOBAL_BATCH = 24
 LEARNING_RATE = 0.1
 LOSS_TOLERANCE = 1e-5
 PARAM_TOLERANCE = 1e-5
+MAX_TIMEOUT = 86_400.0  # one day: a longer wait is a mistake, and timedelta overflows past ~1e14 s
 
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """What the demo runs: ``nproc`` processes for ``steps`` steps, bounded by ``timeout`` s."""
+    """What the demo runs: ``nproc`` processes for ``steps`` steps, bounded by ``timeout`` s.
+
+    Everything is checked here, before a process starts; ``nproc`` must split the
+    global batch of 24 (1, 2, 3, 4, 6 or 8), ``timeout`` is finite and positive.
+
+    >>> DemoConfig(nproc=3, steps=2).timeout
+    120.0
+    >>> DemoConfig(timeout=float("nan"))
+    Traceback (most recent call last):
+    ...
+    ValueError: timeout must be a finite number of seconds in (0, 86400], got nan
+    """
 
     nproc: int = 4
     steps: int = 20
     timeout: float = 120.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.nproc, int) or not 1 <= self.nproc <= 8:
+        if isinstance(self.nproc, bool) or not isinstance(self.nproc, int):
+            raise TypeError(f"nproc must be an int in [1, 8], got {self.nproc!r}")
+        if not 1 <= self.nproc <= 8:
             raise ValueError(f"nproc must be an int in [1, 8], got {self.nproc!r}")
-        if not isinstance(self.steps, int) or self.steps < 1:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int):
+            raise TypeError(f"steps must be a positive int, got {self.steps!r}")
+        if self.steps < 1:
             raise ValueError(f"steps must be a positive int, got {self.steps!r}")
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)):
+            raise TypeError(f"timeout must be a number of seconds, got {self.timeout!r}")
+        if not (math.isfinite(self.timeout) and 0 < self.timeout <= MAX_TIMEOUT):
+            raise ValueError(
+                f"timeout must be a finite number of seconds in (0, {MAX_TIMEOUT:.0f}], "
+                f"got {self.timeout!r}"
+            )
         if GLOBAL_BATCH % demo_parallel_dims(self.nproc).mesh("batch").size() != 0:
             raise ValueError(f"nproc={self.nproc} does not split the batch of {GLOBAL_BATCH}")
 
@@ -125,7 +154,12 @@ def _tcp_store() -> Any:
 
 
 def _worker(rank: int, cfg: DemoConfig, port: int, events: Any) -> None:
-    """Body of one process: build meshes, train, check, report through ``events``."""
+    """Body of one process: build meshes, train, check, report through ``events``.
+
+    It runs in a fresh (spawned) interpreter, so it is a module-level function
+    that multiprocessing can pickle by name, and torch is first imported here.
+    """
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # read when torch's C++ side loads
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
@@ -141,29 +175,28 @@ def _worker(rank: int, cfg: DemoConfig, port: int, events: Any) -> None:
     from .torch import full_tensor
 
     try:
-        store = _tcp_store()(
-            "127.0.0.1", port, cfg.nproc, is_master=False, timeout=timedelta(seconds=60)
-        )
-        dist.init_process_group(
-            "gloo",
-            store=store,
-            rank=rank,
-            world_size=cfg.nproc,
-            timeout=timedelta(seconds=60),
-        )
+        _quiet_torch()
+        limit = timedelta(seconds=cfg.timeout)
+        store = _tcp_store()("127.0.0.1", port, cfg.nproc, is_master=False, timeout=limit)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=cfg.nproc, timeout=limit)
+        events.put(("ready", rank))
         _quiet_torch()  # again: process-group start-up re-reads torch's log settings
         pd = demo_parallel_dims(cfg.nproc)
         built = pd.build("cpu")
-        dm = built.get(("fsdp", "tp"))
         batch = built.get("batch")
-        torch_mesh = dm.to_torch()
-
         model = _make_model()
         if pd.enabled("tp"):
+            # FSDP over TP: parameters live on the 2-D (fsdp, tp) mesh.
+            dm = built.get(("fsdp", "tp"))
+            torch_mesh = dm.to_torch()
             parallelize_module(
                 model, torch_mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()}
             )
-        fully_shard(model, mesh=torch_mesh["fsdp"])
+            fully_shard(model, mesh=torch_mesh["fsdp"])
+        else:
+            # FSDP alone: parameters live on the 1-D fsdp mesh.
+            dm = built.get("fsdp")
+            fully_shard(model, mesh=dm.to_torch())
         opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
         n_batch = batch.mesh.size()
         me = batch.get_local_rank("batch")
@@ -183,6 +216,9 @@ def _worker(rank: int, cfg: DemoConfig, port: int, events: Any) -> None:
         checks: dict[str, Any] = {}
         for name, param in model.state_dict().items():
             assert isinstance(param, DTensor)
+            torch_ranks = param.device_mesh.mesh.tolist()
+            if torch_ranks != dm.mesh.submesh(rank).tolist():
+                raise RuntimeError(f"{name} lives on torch's mesh {torch_ranks}, not on {dm!r}")
             spec = ShardingSpec.from_torch(tuple(param.shape), dm.mesh, param.placements)
             with CommDebugMode() as ours_comm:  # type: ignore[no-untyped-call]
                 ours = full_tensor(param.to_local(), dm, spec)
@@ -213,30 +249,42 @@ def _progress(step: int, steps: int, width: int = 20) -> str:
     return "[" + "#" * done + "." * (width - done) + "]"
 
 
+#: How workers start: a fresh interpreter each. ``fork`` would copy a caller that
+#: may already hold torch's thread pools, stores or process groups, and hang.
+START_METHOD = "spawn"
+
+
 def run_demo(cfg: DemoConfig | None = None, out: IO[str] | None = None) -> int:
-    """Run the demo; print to ``out`` (default stdout); return 0 if all checks pass."""
+    """Run the demo; print to ``out`` (default stdout); return 0 if all checks pass.
+
+    Safe to call from a process that already used torch (threads, stores, process
+    groups): the workers are spawned, not forked. Each costs an interpreter start
+    and a torch import (a few seconds on a loaded 2-core machine), overlapped with
+    the single-process reference run. The workers compute; the checks against
+    ``LOSS_TOLERANCE`` and ``PARAM_TOLERANCE`` run here, in the calling process.
+    """
     cfg = cfg or DemoConfig()
     out = out or sys.stdout
     started = time.perf_counter()
     pd = demo_parallel_dims(cfg.nproc)
     print("== plan ==", file=out)
-    print(pd.describe(), file=out)
+    print(render.plan_text(render.plan_report(pd, views=("tp", "fsdp", "batch"))), file=out)
     print(file=out)
 
     import torch
 
     store = _tcp_store()("127.0.0.1", 0, cfg.nproc + 1, is_master=True, wait_for_workers=False)
-    ctx: Any = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    ctx: Any = mp.get_context(START_METHOD)
     events = ctx.Queue()
     procs = [
         ctx.Process(target=_worker, args=(r, cfg, store.port, events), daemon=True)
         for r in range(cfg.nproc)
     ]
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     print(
         f"== training a {IN_FEATURES}->{HIDDEN}->{OUT_FEATURES} MLP with "
         f"TP={pd.degrees['tp']} x FSDP={pd.mesh('fsdp').size()} on {cfg.nproc} gloo processes ==",
         file=out,
+        flush=True,
     )
     for p in procs:
         p.start()
@@ -245,6 +293,7 @@ def run_demo(cfg: DemoConfig | None = None, out: IO[str] | None = None) -> int:
     losses: dict[int, float] = {}
     params: dict[str, Any] = {}
     errors: list[str] = []
+    ready: set[int] = set()
     done: set[int] = set()
     deadline = time.monotonic() + cfg.timeout
     while len(done) < cfg.nproc and not errors:
@@ -253,7 +302,7 @@ def run_demo(cfg: DemoConfig | None = None, out: IO[str] | None = None) -> int:
         except queue.Empty:
             if time.monotonic() > deadline:
                 missing = sorted(set(range(cfg.nproc)) - done)
-                errors.append(f"timed out after {cfg.timeout:.0f} s waiting for ranks {missing}")
+                errors.append(f"timed out after {cfg.timeout:g} s waiting for ranks {missing}")
             elif any(not p.is_alive() and p.exitcode not in (0, None) for p in procs):
                 errors.append(
                     "a worker process died: "
@@ -263,7 +312,16 @@ def run_demo(cfg: DemoConfig | None = None, out: IO[str] | None = None) -> int:
                 )
             continue
         kind = event[0]
-        if kind == "loss":
+        if kind == "ready":
+            ready.add(event[1])
+            if len(ready) == cfg.nproc:
+                print(
+                    f"{cfg.nproc} processes ({START_METHOD}) joined the gloo group after "
+                    f"{time.perf_counter() - started:.1f} s",
+                    file=out,
+                    flush=True,
+                )
+        elif kind == "loss":
             _, step, value = event
             losses[step] = value
             ref = ref_losses[step]
