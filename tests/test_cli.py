@@ -73,7 +73,7 @@ def test_plan_json_matches_library(capsys: pytest.CaptureFixture[str]) -> None:
     for name, mesh in pd.views().items():
         v = rep["views"][name]
         assert v["groups"] == mesh.submeshes().reshape(mesh.num_submeshes, -1).tolist()
-        assert v["rank"]["coordinate"] == list(mesh.coordinate(13))
+        assert v["rank"]["coordinate"] == list(mesh.coordinate(13) or ())
         assert v["rank"]["group"] == mesh.submesh(13).reshape(-1).tolist()
 
 
@@ -256,45 +256,102 @@ def test_shard_svg_html_and_ranks(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 # ---------------------------------------------------------------------- errors and help
+HUGE = "9223372036854775808"  # 2**63: one more than int64 holds
+#: (argv, text the one-line error must contain: the flag and the bad value)
 BAD = [
-    ["plan", "--world", "64", "--tp", "3"],  # non-dividing degrees
-    ["plan", "--world", "64", "--tp", "4", "--ep", "3"],
-    ["plan", "--world", "64", "--view", "nope"],  # unknown view
-    ["plan", "--world", "64", "--rank", "64"],  # rank outside the world
-    ["plan", "--world", "64", "--order", "pp,tp"],
-    ["plan", "--world", "0"],
-    ["plan", "--world", "8", "--dp-shard", "0"],
-    ["plan"],  # missing --world
-    ["mesh", "--shape", "pp=2,dp"],  # malformed --shape
-    ["mesh", "--shape", "pp=0"],
-    ["mesh", "--shape", "pp=2,tp=2", "--rank", "9"],
-    ["mesh", "--shape", "pp=2,tp=2", "--slice", "xx"],
-    ["mesh", "--shape", "pp=2,tp=4", "--unflatten", "tp=3x2"],
-    ["mesh", "--shape", "pp=2,tp=4", "--ranks", "0:3"],
-    ["mesh", "--shape", "pp=2,tp=2", "--ranks", "1,1,2,3"],
-    ["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2", "--placements", "S(0"],  # malformed
-    ["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2", "--placements", "Q(0),S(0)"],
-    ["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2", "--placements", "S(0)"],  # count
-    ["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2", "--placements", "S(2),R"],  # dim
-    ["shard", "--shape", "7,x", "--mesh", "dp=3", "--placements", "R"],
-    ["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2"],
-    ["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2", "--shard-order", "0:zz"],
-    ["nope"],
-    [],
+    (["plan", "--world", "64", "--tp", "3"], "--world 64 --tp 3"),  # non-dividing degrees
+    (["plan", "--world", "64", "--tp", "4", "--ep", "3"], "--ep 3"),
+    (["plan", "--world", "64", "--view", "nope"], "--view"),  # unknown view
+    (["plan", "--world", "64", "--rank", "64"], "--rank 64"),  # rank outside the world
+    (["plan", "--world", "64", "--order", "pp,tp"], "--order 'pp,tp'"),
+    (["plan", "--world", "0"], "--world"),
+    (["plan", "--world", "8", "--dp-shard", "0"], "--dp-shard"),
+    (["plan", "--world", HUGE], f"--world: {HUGE}"),
+    (["plan", "--world", "8", "--rank", "-1"], "--rank"),
+    (["plan", "--world", "8", "--svg", ""], "--svg"),
+    (["plan", "--world", "8", "--html", " "], "--html"),
+    (["plan", "--world", "8", "--tp", "9" * 5000], "--tp"),  # past Python's int() digit limit
+    (["plan"], "--world"),  # missing --world
+    (["mesh", "--shape", "pp=2,dp"], "--shape"),  # malformed --shape
+    (["mesh", "--shape", "pp=0"], "--shape"),
+    (["mesh", "--shape", f"a={HUGE}"], HUGE),
+    (["mesh", "--shape", "a=4611686018427387904,b=2"], "--shape"),  # product overflows int64
+    (["mesh", "--shape", "a=2", "--ranks", "0:99999999999999999999"], "--ranks '0:9999"),
+    (["mesh", "--shape", "a=2", "--ranks", "0:2:0"], "--ranks '0:2:0'"),
+    (["mesh", "--shape", "a=2", "--ranks", "4:2"], "--ranks '4:2'"),
+    (["mesh", "--shape", "a=2", "--ranks", "0:4"], "--ranks '0:4'"),
+    (["mesh", "--shape", "a=2", "--ranks", f"0,{HUGE}"], HUGE),
+    (["mesh", "--shape", "pp=2,tp=2", "--rank", "9"], "--rank 9"),
+    (["mesh", "--shape", "pp=2,tp=2", "--slice", "xx"], "--slice 'xx'"),
+    (["mesh", "--shape", "pp=2,tp=2", "--flatten", "pp,xx=f"], "--flatten 'pp,xx=f'"),
+    (["mesh", "--shape", "pp=2,tp=2", "--view", "xx"], "--view 'xx'"),
+    (["mesh", "--shape", "pp=2,tp=4", "--unflatten", "tp=3x2"], "--unflatten 'tp=3x2'"),
+    (["mesh", "--shape", "pp=2,tp=4", "--ranks", "0:3"], "--ranks '0:3'"),
+    (["mesh", "--shape", "pp=2,tp=2", "--ranks", "1,1,2,3"], "--ranks '1,1,2,3'"),
+    (["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2", "--placements", "S(0"], "--placements"),
+    (["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2", "--placements", "Q(0),S(0)"], "'Q(0)'"),
+    (["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2", "--placements", "S(0)"], "'S(0)'"),
+    (["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2", "--placements", "S(2),R"], "'S(2),R'"),
+    (["shard", "--shape", "7,x", "--mesh", "dp=3", "--placements", "R"], "--shape"),
+    (["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2"], "--placements"),
+    (["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2", "--shard-order", "0:zz"], "'0:zz'"),
+    (["shard", "--shape", "7", "--mesh", "dp=3,tp=0", "--placements", "R,R"], "--mesh"),
+    (["shard", "--shape", "7", "--mesh", "", "--placements", "R"], "--mesh: "),
+    (["shard", "--shape", "7", "--mesh", "2", "--placements", f"S({HUGE})"], HUGE),
+    (["shard", "--shape", "7", "--mesh", "2", "--placements", "SS(0,0)"], "split_factor"),
+    (["nope"], "nope"),
+    ([], "choose a command"),
 ]
 
 
-@pytest.mark.parametrize("argv", BAD, ids=[" ".join(a) or "(none)" for a in BAD])
-def test_bad_arguments_one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("argv,names", BAD, ids=[" ".join(a)[:60] or "(none)" for a, _ in BAD])
+def test_bad_arguments_one_line_exit_2(
+    argv: list[str], names: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, err = run(argv, capsys)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    assert "error" in err
+    assert "error" in err and names in err, err
 
 
-def test_unwritable_output_file(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run([*PLAN, "--svg", "/nonexistent/dir/x.svg"], capsys)
-    assert code == 2 and "cannot write" in err
+def test_mesh_shape_errors_blame_mesh_not_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in ("dp=3,tp=0", "", "dp=3,dp=2"):
+        code, _, err = run(["shard", "--shape", "7", "--mesh", bad, "--placements", "R"], capsys)
+        assert code == 2 and "--mesh" in err and "--shape" not in err, err
+
+
+def test_an_internal_error_is_not_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bug (here a render function raising ValueError) keeps its traceback."""
+    import meshlayout.render as render
+
+    def broken(*args: object, **kwargs: object) -> str:
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr(render, "plan_text", broken)
+    with pytest.raises(ValueError, match="an internal bug"):
+        main(["plan", "--world", "8"])
+    monkeypatch.setattr(render, "mesh_report", broken)
+    with pytest.raises(ValueError, match="an internal bug"):
+        main(["mesh", "--shape", "2"])
+
+
+def test_error_lines_escape_control_characters(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (
+        ["mesh", "--shape", "a\nb=2"],
+        ["plan", "--world", "8", "un\nknown"],
+        ["mesh", "--shape", "a=2", "--slice", "b\nc"],
+    ):
+        code, out, err = run(argv, capsys)
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+
+
+def test_unwritable_output_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for flag, path in [("--svg", "/nonexistent/dir/x.svg"), ("--html", str(tmp_path))]:
+        code, out, err = run([*PLAN, flag, path], capsys)
+        assert code == 2 and out == "" and "cannot write" in err and flag in err, err
+        assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("name", [n for n in COMMANDS if n != "demo"])

@@ -1,8 +1,11 @@
 """The ``meshlayout`` command (layer 4): plan a job's meshes, inspect a mesh, a sharding.
 
 Subcommands are registered in :data:`COMMANDS` as ``name -> Command(help,
-add_arguments, run, epilog)``; adding one is adding an entry. Bad arguments give
-one line on stderr and exit code 2, never a traceback. See ``docs/cli.md``.
+add_arguments, run, epilog)``; adding one is adding an entry. A subcommand
+reports a user mistake by raising :class:`~meshlayout.cli_args.ArgError` (or by
+calling the library inside :func:`~meshlayout.cli_args.user_input`): one line on
+stderr naming the flag and the value, exit code 2. Any other exception is a bug
+and keeps its traceback. See ``docs/cli.md``.
 """
 
 from __future__ import annotations
@@ -17,33 +20,32 @@ from typing import Any, NoReturn
 from . import render
 from .cli_args import (
     ArgError,
+    build_mesh,
+    int_arg,
+    one_line,
     parse_flatten,
     parse_int_list,
-    parse_named_sizes,
     parse_names,
     parse_placements,
-    parse_ranks,
     parse_shard_order,
     parse_unflatten,
+    shown,
+    user_input,
 )
 from .mesh import Mesh
 from .parallel_dims import VIEWS, ParallelDims
-from .sharding import ShardingSpec
+from .sharding import Placement, ShardingSpec
 
 __all__ = ["COMMANDS", "Command", "main"]
 
 PROG = "meshlayout"
 
 
-class UsageError(Exception):
-    """A bad argument found after parsing; reported as one line, exit code 2."""
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (``prog: error: message``) and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        print(f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(2)
 
 
@@ -58,32 +60,37 @@ class Command:
 
 
 # ---------------------------------------------------------------------- shared options
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+_positive = int_arg(minimum=1)
+_rank_arg = int_arg(minimum=0)
+
+
+def _file_name(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a file name, got {shown(text)}")
+    return text
 
 
 def _add_output(p: argparse.ArgumentParser, *, html: bool = True) -> None:
     p.add_argument(
         "--format", choices=("text", "json"), default="text", help="stdout format (default text)"
     )
-    p.add_argument("--svg", metavar="FILE", help="also write an SVG picture to FILE")
+    p.add_argument(
+        "--svg", metavar="FILE", type=_file_name, help="also write an SVG picture to FILE"
+    )
     if html:
-        p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page")
+        p.add_argument(
+            "--html", metavar="FILE", type=_file_name, help="also write a self-contained HTML page"
+        )
 
 
-def _write(path: str, content: str) -> None:
+def _write(flag: str, path: str, content: str) -> None:
     try:
         with open(path, "w", encoding="utf-8") as f:
             f.write(content)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
-    print(f"wrote {path} ({len(content.encode())} bytes)", file=sys.stderr)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte or an unencodable name
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise ArgError(f"{flag} {shown(path)}: cannot write: {reason}") from None
+    print(f"wrote {one_line(path)} ({len(content.encode())} bytes)", file=sys.stderr)
 
 
 def _emit(args: argparse.Namespace, report: dict[str, Any], text: str) -> None:
@@ -109,7 +116,12 @@ def _plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world", type=_positive, required=True, help="number of ranks")
     p.add_argument("--pp", type=_positive, default=1, help="pipeline stages")
     p.add_argument("--dp-replicate", type=_positive, default=1, help="HSDP replicas")
-    p.add_argument("--dp-shard", type=int, default=-1, help="FSDP degree; -1 (default): inferred")
+    p.add_argument(
+        "--dp-shard",
+        type=int_arg(minimum=-1),
+        default=-1,
+        help="FSDP degree; -1 (default): inferred",
+    )
     p.add_argument("--cp", type=_positive, default=1, help="context parallel")
     p.add_argument("--tp", type=_positive, default=1, help="tensor parallel")
     p.add_argument("--ep", type=_positive, default=1, help="expert parallel")
@@ -125,7 +137,9 @@ def _plan_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="ranks [k*N, (k+1)*N) form host k; mark groups that cross hosts",
     )
-    p.add_argument("--rank", type=int, help="show this rank's coordinate and group in every view")
+    p.add_argument(
+        "--rank", type=_rank_arg, help="show this rank's coordinate and group in every view"
+    )
     p.add_argument(
         "--view",
         action="append",
@@ -138,13 +152,33 @@ def _plan_arguments(p: argparse.ArgumentParser) -> None:
     _add_output(p)
 
 
+_DEGREE_FLAGS = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
+
+
+def _plan_dims(args: argparse.Namespace) -> ParallelDims:
+    """The user's ParallelDims; its errors name the flags that were given."""
+    if args.dp_shard == 0:
+        raise ArgError("--dp-shard: must be >= 1 or -1 (inferred), got 0")
+    degrees = {k: getattr(args, k) for k in _DEGREE_FLAGS}
+    given = [f"--world {args.world}"]
+    given += [
+        f"--{k.replace('_', '-')} {v}"
+        for k, v in degrees.items()
+        if v != (-1 if k == "dp_shard" else 1)
+    ]
+    if args.order is not None:
+        given.append(f"--order {shown(args.order)}")
+    with user_input(" ".join(given)):
+        return ParallelDims(args.world, **degrees, order=args.order)
+
+
 def _plan_views(args: argparse.Namespace) -> list[str] | None:
     if not args.view:
         return None
     names = [n for v in args.view for n in parse_names(v, "--view")]
     for n in names:
         if n not in VIEWS:
-            raise UsageError(f"unknown view {n!r}; valid views are {', '.join(VIEWS)}")
+            raise ArgError(f"--view: unknown view {n!r}; valid views are {', '.join(VIEWS)}")
     return list(dict.fromkeys(names))
 
 
@@ -152,92 +186,60 @@ def _picture_views(pd: ParallelDims, chosen: list[str] | None) -> list[tuple[str
     """(view, note) to draw: the chosen ones, or every view with groups > 1, deduplicated."""
     if chosen is not None:
         return [(v, "") for v in chosen]
-    out: list[tuple[str, str]] = []
-    seen: dict[bytes, str] = {}
+    drawn: list[str] = []
+    same: dict[str, list[str]] = {}
     for name in VIEWS:
         mesh = pd.mesh(name)
         if mesh.size() == 1:
             continue
-        groups = render.view_groups(mesh)
-        key = groups.tobytes() + bytes(str(groups.shape), "ascii")
-        if key in seen:
-            continue
-        seen[key] = name
-        out.append((name, ""))
-    for i, (name, _) in enumerate(out):
-        same = [
-            v
-            for v in VIEWS
-            if v != name
-            and pd.mesh(v).size() > 1
-            and v not in dict(out)
-            and _same_groups(pd, v, name)
-        ]
-        if same:
-            out[i] = (name, f" (same groups: {', '.join(same)})")
-    return out
-
-
-def _same_groups(pd: ParallelDims, a: str, b: str) -> bool:
-    ga, gb = render.view_groups(pd.mesh(a)), render.view_groups(pd.mesh(b))
-    return bool(ga.shape == gb.shape and (ga == gb).all())
+        first = next((d for d in drawn if render.same_groups(pd.mesh(d), mesh)), None)
+        if first is None:
+            drawn.append(name)
+            same[name] = []
+        else:
+            same[first].append(name)
+    return [(n, f" (same groups: {', '.join(same[n])})" if same[n] else "") for n in drawn]
 
 
 def _plan_pictures(
     pd: ParallelDims, args: argparse.Namespace, chosen: list[str] | None
-) -> list[render.Svg]:
+) -> list[tuple[str, render.Svg]]:
+    """(view name, picture) for every view to draw."""
     return [
-        render.mesh_picture(
-            pd.dense,
-            pd.mesh(name),
-            rank=args.rank,
-            view_name=name,
-            ranks_per_host=args.ranks_per_host,
-            title=f"{name}{note}: {VIEWS[name]}",
+        (
+            name,
+            render.mesh_picture(
+                pd.dense,
+                pd.mesh(name),
+                rank=args.rank,
+                view_name=name,
+                ranks_per_host=args.ranks_per_host,
+                title=f"{name}{note}: {VIEWS[name]}",
+            ),
         )
         for name, note in _picture_views(pd, chosen)
     ]
 
 
 def _plan_run(args: argparse.Namespace) -> int:
-    if args.dp_shard < 1 and args.dp_shard != -1:
-        raise UsageError(f"--dp-shard must be >= 1 or -1 (inferred), got {args.dp_shard}")
-    pd = ParallelDims(
-        args.world,
-        pp=args.pp,
-        dp_replicate=args.dp_replicate,
-        dp_shard=args.dp_shard,
-        cp=args.cp,
-        tp=args.tp,
-        ep=args.ep,
-        etp=args.etp,
-        order=args.order,
-    )
+    pd = _plan_dims(args)
     if args.rank is not None and args.rank not in pd.rank_map:
-        raise UsageError(f"--rank {args.rank} is outside the world of {args.world} ranks")
+        raise ArgError(f"--rank {args.rank} is outside the world of {args.world} ranks")
     chosen = _plan_views(args)
     report = render.plan_report(
         pd, views=chosen, rank=args.rank, ranks_per_host=args.ranks_per_host
     )
     text = render.plan_text(report, all_groups=args.all_groups)
-    _emit(args, report, text)
     if args.svg or args.html:
         pictures = _plan_pictures(pd, args, chosen)
         if args.svg:
-            _write(args.svg, render.stack(pictures).to_string())
+            _write("--svg", args.svg, render.stack([p for _, p in pictures]).to_string())
         if args.html:
             sections = [render.Section("plan", text=text)]
-            sections += [render.Section(p_title(p), pictures=[p]) for p in pictures]
-            _write(args.html, render.html_page(f"meshlayout plan: {pd!r}", sections))
+            sections += [render.Section(name, pictures=[p]) for name, p in pictures]
+            _write("--html", args.html, render.html_page(f"meshlayout plan: {pd!r}", sections))
+    _emit(args, report, text)
     return 0
-
-
-def p_title(picture: render.Svg) -> str:
-    """The bold title text of a picture (its first text element)."""
-    for part in picture.parts:
-        if part.startswith("<text"):
-            return part.split(">", 1)[1].rsplit("<", 1)[0].split(":", 1)[0]
-    return ""
 
 
 # ---------------------------------------------------------------------- mesh
@@ -283,7 +285,7 @@ def _mesh_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slice", action=_Op, metavar="DIMS", help="keep DIMS (any order)")
     p.add_argument("--flatten", action=_Op, metavar="[DIMS=]NAME", help="merge dims")
     p.add_argument("--unflatten", action=_Op, metavar="DIM=AxB[:NAMES]", help="split a dim")
-    p.add_argument("--rank", type=int, help="this rank's coordinate, groups and sub-mesh")
+    p.add_argument("--rank", type=_rank_arg, help="this rank's coordinate, groups and sub-mesh")
     p.add_argument(
         "--view",
         metavar="DIMS",
@@ -293,54 +295,43 @@ def _mesh_arguments(p: argparse.ArgumentParser) -> None:
     _add_output(p)
 
 
-def _build_mesh(shape_text: str, ranks_text: str | None) -> Mesh:
-    sizes, names = parse_named_sizes(shape_text)
-    ranks = None if ranks_text is None else parse_ranks(ranks_text)
-    return Mesh(sizes, names, ranks=ranks)
-
-
 def _apply(mesh: Mesh, op: str, arg: str) -> Mesh:
-    if op == "slice":
-        return mesh[parse_names(arg, "--slice")]
-    if op == "flatten":
-        dims, name = parse_flatten(arg)
-        if dims is None:
-            return mesh.flatten(name)
-        for d in dims:
-            mesh.dim_index(d)
-        parts = []
-        for n in mesh.names:
-            if n == dims[0]:
-                parts.append(mesh[dims].flatten(name))
-            elif n not in dims:
-                parts.append(mesh[n])
-        return Mesh.concat(parts)
-    dim, sizes, names = parse_unflatten(arg)
-    return mesh.unflatten(dim, sizes, names)
+    """``mesh`` after one ``--slice``/``--flatten``/``--unflatten``; errors name the flag."""
+    with user_input(f"--{op}", arg):
+        if op == "slice":
+            return mesh[parse_names(arg, "--slice")]
+        if op == "flatten":
+            dims, name = parse_flatten(arg)
+            return mesh.flatten(name, dims=dims)
+        dim, sizes, names = parse_unflatten(arg)
+        return mesh.unflatten(dim, sizes, names)
 
 
 def _mesh_run(args: argparse.Namespace) -> int:
-    mesh = _build_mesh(args.shape, args.ranks)
+    mesh = build_mesh(args.shape, args.ranks)
     for op, arg in args.ops:
         mesh = _apply(mesh, op, arg)
     if args.rank is not None and args.rank not in mesh:
-        raise UsageError(f"--rank {args.rank} is not in the mesh (ranks {mesh.rank_map!r})")
-    view = mesh[parse_names(args.view, "--view")] if args.view else mesh[mesh.ndim - 1]
+        raise ArgError(f"--rank {args.rank} is not in the mesh (ranks {mesh.rank_map!r})")
+    view = mesh[mesh.ndim - 1]
+    if args.view:
+        with user_input("--view", args.view):
+            view = mesh[parse_names(args.view, "--view")]
     report = render.mesh_report(mesh, operations=args.ops, rank=args.rank)
     text = render.mesh_text(report)
-    _emit(args, report, text)
     if args.svg or args.html:
         picture = render.mesh_picture(
             mesh, view, rank=args.rank, view_name=",".join(view.names), title=repr(mesh)
         )
         if args.svg:
-            _write(args.svg, picture.to_string())
+            _write("--svg", args.svg, picture.to_string())
         if args.html:
             page = render.html_page(
                 f"meshlayout mesh: {mesh!r}",
                 [render.Section("mesh", text=text, pictures=[picture])],
             )
-            _write(args.html, page)
+            _write("--html", args.html, page)
+    _emit(args, report, text)
     return 0
 
 
@@ -372,42 +363,48 @@ def _shard_arguments(p: argparse.ArgumentParser) -> None:
     _add_output(p)
 
 
-def _shard_run(args: argparse.Namespace) -> int:
+def _shard_spec(args: argparse.Namespace) -> tuple[ShardingSpec, list[Placement] | None]:
+    """The user's spec (and the placements as given); errors name the flag."""
     if args.placements is None and args.shard_order is None:
-        raise UsageError("give --placements, --shard-order, or both")
-    shape = parse_int_list(args.shape, "--shape")
-    mesh = _build_mesh(args.mesh, args.ranks)
+        raise ArgError("give --placements, --shard-order, or both")
+    shape = parse_int_list(args.shape, "--shape", minimum=0)
+    mesh = build_mesh(args.mesh, args.ranks, shape_flag="--mesh")
     given = None if args.placements is None else parse_placements(args.placements)
-    order = None if args.shard_order is None else parse_shard_order(args.shard_order)
-    if given is not None:
-        spec = ShardingSpec(shape, mesh, given)
-        if order is not None:
+    wanted = None
+    if args.shard_order is not None:
+        order = parse_shard_order(args.shard_order)
+        with user_input("--shard-order", args.shard_order):
             wanted = ShardingSpec.from_shard_order(shape, mesh, order)
-            if not spec.decodable or spec.shard_order() != wanted.shard_order():
-                have = spec.shard_order() if spec.decodable else "none (not decodable)"
-                raise UsageError(
-                    f"--placements decode to shard order {have}, but --shard-order "
-                    f"says {wanted.shard_order()}"
-                )
-    else:
-        assert order is not None
-        spec = ShardingSpec.from_shard_order(shape, mesh, order)
+    if given is None:
+        assert wanted is not None
+        return wanted, None
+    with user_input("--placements", args.placements):
+        spec = ShardingSpec(shape, mesh, given)
+    if wanted is not None and (not spec.decodable or spec.shard_order() != wanted.shard_order()):
+        have = spec.shard_order() if spec.decodable else "none (not decodable)"
+        raise ArgError(
+            f"--placements {shown(args.placements)} decode to shard order {have}, but "
+            f"--shard-order {shown(args.shard_order)} says {wanted.shard_order()}"
+        )
+    return spec, given
+
+
+def _shard_run(args: argparse.Namespace) -> int:
+    spec, given = _shard_spec(args)
     report = render.shard_report(spec, given=given)
-    _emit(args, report, render.shard_text(report))
+    text = render.shard_text(report)
     if args.svg or args.html:
         pictures = [render.sharding_picture(spec)]
         if report["torch_disagrees"]:
             pictures.append(render.sharding_picture(spec, torch_view=True))
         if args.svg:
-            _write(args.svg, render.stack(pictures).to_string())
+            _write("--svg", args.svg, render.stack(pictures).to_string())
         if args.html:
             section = render.Section(
-                "sharding",
-                notes=report["notes"],
-                text=render.shard_text(report),
-                pictures=pictures,
+                "sharding", notes=report["notes"], text=text, pictures=pictures
             )
-            _write(args.html, render.html_page(f"meshlayout shard: {spec!r}", [section]))
+            _write("--html", args.html, render.html_page(f"meshlayout shard: {spec!r}", [section]))
+    _emit(args, report, text)
     return 0
 
 
@@ -441,14 +438,12 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
 def _demo_run(args: argparse.Namespace) -> int:
     from .demo import DemoConfig, run_demo
 
-    try:
+    with user_input(f"--nproc {args.nproc} --steps {args.steps} --timeout {args.timeout}"):
         cfg = DemoConfig(nproc=args.nproc, steps=args.steps, timeout=args.timeout)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise UsageError("the demo needs torch: pip install 'meshlayout[torch]'") from None
+        raise ArgError("the demo needs torch: pip install 'meshlayout[torch]'") from None
     return run_demo(cfg)
 
 
@@ -517,10 +512,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         code: int = args.run(args)
-    except (UsageError, ArgError, ValueError, KeyError, TypeError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        first = str(message).strip().splitlines()[0] if str(message).strip() else type(exc).__name__
-        print(f"{PROG} {args.command}: error: {first}", file=sys.stderr)
+    except ArgError as exc:  # a user mistake; anything else is a bug: traceback
+        lines = str(exc).strip().splitlines() or ["bad argument"]
+        print(f"{PROG} {args.command}: error: {one_line(lines[0])}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. `meshlayout plan ... | head`
         return 0

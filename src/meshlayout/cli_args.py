@@ -17,13 +17,22 @@ range(2048, 2112)
 
 from __future__ import annotations
 
+import argparse
+import math
 import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
+from .mesh import Mesh
 from .sharding import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard
 
 __all__ = [
+    "INT64_MAX",
     "ArgError",
+    "build_mesh",
+    "int_arg",
     "parse_flatten",
+    "parse_int",
     "parse_int_list",
     "parse_named_sizes",
     "parse_names",
@@ -31,33 +40,131 @@ __all__ = [
     "parse_ranks",
     "parse_shard_order",
     "parse_unflatten",
+    "range_length",
+    "shown",
     "split_top_level",
+    "user_input",
 ]
+
+#: Largest int64: the bound on every size, rank and count given on the command line.
+INT64_MAX = 2**63 - 1
 
 
 class ArgError(ValueError):
-    """A malformed command-line value; the message is one line meant for the user."""
+    """A user mistake on the command line; the message is one line naming the flag and value.
+
+    The one user-error class of the command: ``meshlayout.cli.main`` prints
+    ``meshlayout COMMAND: error: <message>`` and returns 2 for it, and for nothing
+    else (any other exception is a bug and shows its traceback). Subcommand
+    modules raise it directly, or wrap library calls on user values in
+    :func:`user_input`.
+    """
 
 
-_INT = r"[+-]?\d+"
+def shown(value: object, limit: int = 60) -> str:
+    """A user value for a one-line message: ``repr`` (escapes newlines), cut at ``limit``.
+
+    >>> shown("a=2"), shown("x" * 100)[-6:]
+    ("'a=2'", 'xxx...')
+    """
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters (newlines too) escaped, so it prints as one line.
+
+    >>> one_line("a\\nb")
+    'a\\\\nb'
+    """
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+_NO_VALUE = object()
+
+
+@contextmanager
+def user_input(flag: str, value: object = _NO_VALUE) -> Iterator[None]:
+    """Blame ``ValueError``/``KeyError``/``TypeError``/``IndexError``/``OverflowError`` on ``flag``.
+
+    Wrap exactly the library call that consumes the user's ``value``: its errors
+    become an :class:`ArgError` naming the flag and the value (``flag`` alone when
+    no value is given, e.g. ``"--world 64 --tp 3"``). Errors anywhere else stay
+    what they are (bugs, with a traceback).
+
+    >>> with user_input("--shape", "a=0"):
+    ...     raise ValueError("mesh sizes must be >= 1, got [0]")
+    Traceback (most recent call last):
+    ...
+    meshlayout.cli_args.ArgError: --shape 'a=0': mesh sizes must be >= 1, got [0]
+    """
+    try:
+        yield
+    except ArgError:
+        raise
+    except (ValueError, KeyError, TypeError, IndexError, OverflowError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        lines = str(message).strip().splitlines() or [type(exc).__name__]
+        where = flag if value is _NO_VALUE else f"{flag} {shown(value)}"
+        raise ArgError(f"{where}: {one_line(lines[0])}") from None
+
+
+_INT_RE = re.compile(r"[+-]?[0-9]+")
+_MAX_DIGITS = 40  # beyond any int64, below Python's 4300-digit int() limit
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def _int(text: str, what: str) -> int:
+def parse_int(text: str, what: str, *, minimum: int | None = None, maximum: int = INT64_MAX) -> int:
+    """An ASCII integer in ``[minimum, maximum]``, else :class:`ArgError` naming ``what``.
+
+    >>> parse_int(" 8 ", "--world", minimum=1)
+    8
+    >>> parse_int("9223372036854775808", "--world")
+    Traceback (most recent call last):
+    ...
+    meshlayout.cli_args.ArgError: --world: 9223372036854775808 is more than 9223372036854775807 (int64)
+    """
     text = text.strip()
-    if not re.fullmatch(_INT, text):
-        raise ArgError(f"{what}: {text!r} is not an integer")
-    return int(text)
+    if not _INT_RE.fullmatch(text):
+        raise ArgError(f"{what}: {shown(text)} is not an integer")
+    if len(text) > _MAX_DIGITS:
+        raise ArgError(f"{what}: {shown(text)} is out of range (at most {maximum})")
+    value = int(text)
+    if minimum is not None and value < minimum:
+        raise ArgError(f"{what}: must be >= {minimum}, got {value}")
+    if value > maximum:
+        suffix = " (int64)" if maximum == INT64_MAX else ""
+        raise ArgError(f"{what}: {value} is more than {maximum}{suffix}")
+    return value
+
+
+def int_arg(minimum: int | None = None, maximum: int = INT64_MAX) -> Callable[[str], int]:
+    """An argparse ``type=`` for bounded ints; argparse prefixes the flag to the message.
+
+    >>> int_arg(1)("4")
+    4
+    """
+
+    def convert(text: str) -> int:
+        try:
+            return parse_int(text, "value", minimum=minimum, maximum=maximum)
+        except ArgError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix("value: ")) from None
+
+    convert.__name__ = "int"  # argparse names the type in some messages
+    return convert
 
 
 def _name(text: str, what: str) -> str:
     text = text.strip()
     if not _NAME_RE.match(text):
-        raise ArgError(f"{what}: {text!r} is not a valid name (letters, digits, _)")
+        raise ArgError(f"{what}: {shown(text)} is not a valid name (letters, digits, _)")
     return text
 
 
-def parse_int_list(text: str, what: str = "value") -> tuple[int, ...]:
+def parse_int_list(
+    text: str, what: str = "value", *, minimum: int | None = None
+) -> tuple[int, ...]:
     """``"7,4"`` -> ``(7, 4)``; also accepts ``x`` as a separator (``"7x4"``).
 
     >>> parse_int_list("7x4")
@@ -66,8 +173,8 @@ def parse_int_list(text: str, what: str = "value") -> tuple[int, ...]:
     sep = "," if "," in text else r"[x×]"
     parts = re.split(sep, text.strip())
     if not text.strip() or any(not p.strip() for p in parts):
-        raise ArgError(f"{what}: expected comma-separated integers, got {text!r}")
-    return tuple(_int(p, what) for p in parts)
+        raise ArgError(f"{what}: expected comma-separated integers, got {shown(text)}")
+    return tuple(parse_int(p, what, minimum=minimum) for p in parts)
 
 
 def parse_names(text: str, what: str = "names") -> tuple[str, ...]:
@@ -78,22 +185,24 @@ def parse_names(text: str, what: str = "names") -> tuple[str, ...]:
     """
     parts = [p for p in text.split(",") if p.strip()]
     if not parts:
-        raise ArgError(f"{what}: expected comma-separated names, got {text!r}")
+        raise ArgError(f"{what}: expected comma-separated names, got {shown(text)}")
     return tuple(_name(p, what) for p in parts)
 
 
 def parse_named_sizes(text: str, what: str = "--shape") -> tuple[tuple[int, ...], tuple[str, ...]]:
     """``"pp=2,dp=4"`` -> sizes and names; ``"2,4"`` -> sizes and ``dim0, dim1``.
 
+    The product of the sizes (the number of ranks) must fit in int64.
+
     >>> parse_named_sizes("2,4")
     ((2, 4), ('dim0', 'dim1'))
     """
     items = [p.strip() for p in text.split(",") if p.strip()]
     if not items:
-        raise ArgError(f"{what}: expected NAME=SIZE,... or SIZE,..., got {text!r}")
+        raise ArgError(f"{what}: expected NAME=SIZE,... or SIZE,..., got {shown(text)}")
     named = ["=" in p for p in items]
     if any(named) and not all(named):
-        raise ArgError(f"{what}: name every dim or none, got {text!r}")
+        raise ArgError(f"{what}: name every dim or none, got {shown(text)}")
     sizes: list[int] = []
     names: list[str] = []
     for i, item in enumerate(items):
@@ -103,40 +212,73 @@ def parse_named_sizes(text: str, what: str = "--shape") -> tuple[tuple[int, ...]
         else:
             s = item
             names.append(f"dim{i}")
-        size = _int(s, what)
-        if size < 1:
-            raise ArgError(f"{what}: size of {names[-1]!r} must be >= 1, got {size}")
-        sizes.append(size)
+        sizes.append(parse_int(s, f"{what} size of {names[-1]!r}", minimum=1))
     if len(set(names)) != len(names):
-        raise ArgError(f"{what}: dim names repeat in {text!r}")
+        raise ArgError(f"{what}: dim names repeat in {shown(text)}")
+    total = math.prod(sizes)
+    if total > INT64_MAX:
+        raise ArgError(f"{what} {shown(text)}: {total} ranks, more than {INT64_MAX} (int64)")
     return tuple(sizes), tuple(names)
 
 
-def parse_ranks(text: str) -> range | list[int]:
-    """``"START:STOP[:STEP]"`` -> a range; ``"3,1,2,0"`` -> a list.
+def parse_ranks(text: str, what: str = "--ranks") -> range | list[int]:
+    """``"START:STOP[:STEP]"`` -> a range; ``"3,1,2,0"`` -> a list (ranks in ``[0, 2**63)``).
 
     >>> parse_ranks("0:8:2"), parse_ranks("3,1,2,0")
     (range(0, 8, 2), [3, 1, 2, 0])
     """
     text = text.strip()
-    if ":" in text:
-        parts = text.split(":")
-        if len(parts) not in (2, 3):
-            raise ArgError(f"--ranks: expected START:STOP[:STEP], got {text!r}")
-        nums = [_int(p, "--ranks") for p in parts]
-        rng = range(*nums)
-        if nums[0] < 0 or (len(nums) == 3 and nums[2] <= 0):
-            raise ArgError(f"--ranks: start must be >= 0 and step > 0, got {text!r}")
-        if len(rng) == 0:
-            raise ArgError(f"--ranks: {text!r} is empty")
-        return rng
-    ranks = list(parse_int_list(text, "--ranks"))
-    if any(r < 0 for r in ranks):
-        raise ArgError(f"--ranks: ranks must be >= 0, got {text!r}")
-    return ranks
+    if ":" not in text:
+        return list(parse_int_list(text, what, minimum=0))
+    parts = text.split(":")
+    if len(parts) not in (2, 3):
+        raise ArgError(f"{what}: expected START:STOP[:STEP], got {shown(text)}")
+    where = f"{what} {shown(text)}"
+    start = parse_int(parts[0], f"{where} START", minimum=0)
+    stop = parse_int(parts[1], f"{where} STOP", minimum=0, maximum=INT64_MAX + 1)
+    step = parse_int(parts[2], f"{where} STEP", minimum=1) if len(parts) == 3 else 1
+    if stop <= start:
+        raise ArgError(f"{where}: empty (STOP must be > START)")
+    return range(start, stop, step)  # every rank < STOP <= 2**63; len() may still overflow
 
 
-def split_top_level(text: str, sep: str = ",") -> list[str]:
+def range_length(r: range) -> int:
+    """``len(r)`` without the ``OverflowError`` of ranges longer than ``sys.maxsize``.
+
+    >>> range_length(range(0, 2**70, 2))
+    590295810358705651712
+    """
+    return max(0, (r.stop - r.start + r.step - (1 if r.step > 0 else -1)) // r.step)
+
+
+def build_mesh(
+    shape_text: str,
+    ranks_text: str | None,
+    *,
+    shape_flag: str = "--shape",
+    ranks_flag: str = "--ranks",
+) -> Mesh:
+    """A :class:`Mesh` from ``NAME=SIZE,...`` and optional ``--ranks``; errors name the flag.
+
+    >>> build_mesh("dp=2,tp=2", "8:12").group(9, "tp")
+    (8, 9)
+    """
+    sizes, names = parse_named_sizes(shape_text, shape_flag)
+    total = math.prod(sizes)
+    ranks: range | list[int] | None = None
+    if ranks_text is not None:
+        ranks = parse_ranks(ranks_text, ranks_flag)
+        count = range_length(ranks) if isinstance(ranks, range) else len(ranks)
+        if count != total:
+            raise ArgError(
+                f"{ranks_flag} {shown(ranks_text)} gives {count} ranks, but {shape_flag} "
+                f"{shown(shape_text)} needs {total}"
+            )
+    with user_input(ranks_flag if ranks_text is not None else shape_flag, ranks_text or shape_text):
+        return Mesh(sizes, names, ranks=ranks)
+
+
+def split_top_level(text: str, sep: str = ",", *, what: str = "value") -> list[str]:
     """Split on ``sep`` outside parentheses.
 
     >>> split_top_level("SS(0,2),S(0)")
@@ -151,14 +293,14 @@ def split_top_level(text: str, sep: str = ",") -> list[str]:
         elif ch == ")":
             depth -= 1
             if depth < 0:
-                raise ArgError(f"unbalanced ')' in {text!r}")
+                raise ArgError(f"{what}: unbalanced ')' in {shown(text)}")
         if ch == sep and depth == 0:
             out.append("".join(cur))
             cur = []
         else:
             cur.append(ch)
     if depth != 0:
-        raise ArgError(f"unbalanced '(' in {text!r}")
+        raise ArgError(f"{what}: unbalanced '(' in {shown(text)}")
     out.append("".join(cur))
     return [p.strip() for p in out]
 
@@ -183,21 +325,19 @@ def _args(body: str | None) -> list[tuple[str | None, str]]:
 def _placement(token: str) -> Placement:
     m = _PLACEMENT_RE.match(token)
     if not m:
-        raise ArgError(f"--placements: cannot parse {token!r}")
+        raise ArgError(f"--placements: cannot parse {shown(token)}")
     kind, body = m.group(1).lower(), m.group(2)
     args = _args(body)
-    where = f"--placements: {token!r}"
+    where = f"--placements {shown(token)}"
     if kind in _SHARD:
         if len(args) != 1 or args[0][0] not in (None, "dim"):
             raise ArgError(f"{where}: expected S(dim)")
-        return Shard(_int(args[0][1], where))
+        return Shard(parse_int(args[0][1], where))
     if kind in _STRIDED:
         if len(args) != 2 or args[1][0] not in (None, "split_factor", "sf"):
             raise ArgError(f"{where}: expected SS(dim, split_factor)")
-        sf = _int(args[1][1], where)
-        if sf < 1:
-            raise ArgError(f"{where}: split_factor must be >= 1, got {sf}")
-        return StridedShard(_int(args[0][1], where), sf)
+        sf = parse_int(args[1][1], f"{where} split_factor", minimum=1)
+        return StridedShard(parse_int(args[0][1], where), sf)
     if kind in _REPLICATE:
         if args:
             raise ArgError(f"{where}: Replicate takes no arguments")
@@ -224,9 +364,9 @@ def parse_placements(text: str) -> list[Placement]:
     body = text.strip()
     if (body[:1], body[-1:]) in (("[", "]"), ("(", ")")):
         body = body[1:-1]  # a Python-style list or tuple of placements
-    tokens = split_top_level(body)
+    tokens = split_top_level(body, what="--placements")
     if not tokens or any(not t for t in tokens):
-        raise ArgError(f"--placements: empty placement in {text!r}")
+        raise ArgError(f"--placements: empty placement in {shown(text)}")
     return [_placement(t) for t in tokens]
 
 
@@ -242,17 +382,21 @@ def parse_shard_order(text: str) -> dict[int, tuple[str | int, ...]]:
     for part in [p for p in text.split(";") if p.strip()]:
         dim_text, colon, dims_text = part.partition(":")
         if not colon or not dims_text.strip():
-            raise ArgError(f"--shard-order: expected TENSOR_DIM:MESH_DIM,...[;...], got {part!r}")
-        d = _int(dim_text, "--shard-order")
+            raise ArgError(
+                f"--shard-order: expected TENSOR_DIM:MESH_DIM,...[;...], got {shown(part)}"
+            )
+        d = parse_int(dim_text, "--shard-order")
         if d in out:
             raise ArgError(f"--shard-order: tensor dim {d} given twice")
         dims: list[str | int] = []
         for x in dims_text.split(","):
             x = x.strip()
-            dims.append(int(x) if re.fullmatch(_INT, x) else _name(x, "--shard-order"))
+            dims.append(
+                parse_int(x, "--shard-order") if _INT_RE.fullmatch(x) else _name(x, "--shard-order")
+            )
         out[d] = tuple(dims)
     if not out:
-        raise ArgError(f"--shard-order: nothing to parse in {text!r}")
+        raise ArgError(f"--shard-order: nothing to parse in {shown(text)}")
     return out
 
 
@@ -264,18 +408,16 @@ def parse_unflatten(text: str) -> tuple[str, tuple[int, ...], tuple[str, ...]]:
     """
     dim, eq, rest = text.partition("=")
     if not eq:
-        raise ArgError(f"--unflatten: expected DIM=SIZExSIZE[:NAME,NAME], got {text!r}")
+        raise ArgError(f"--unflatten: expected DIM=SIZExSIZE[:NAME,NAME], got {shown(text)}")
     sizes_text, colon, names_text = rest.partition(":")
-    sizes = parse_int_list(sizes_text.replace(",", "x"), "--unflatten")
-    if any(s < 1 for s in sizes):
-        raise ArgError(f"--unflatten: sizes must be >= 1, got {sizes_text!r}")
+    sizes = parse_int_list(sizes_text.replace(",", "x"), "--unflatten", minimum=1)
     dim_name = _name(dim, "--unflatten")
     if colon:
         names = parse_names(names_text, "--unflatten")
     else:
         names = tuple(f"{dim_name}{i}" for i in range(len(sizes)))
     if len(names) != len(sizes):
-        raise ArgError(f"--unflatten: {len(sizes)} sizes but {len(names)} names in {text!r}")
+        raise ArgError(f"--unflatten: {len(sizes)} sizes but {len(names)} names in {shown(text)}")
     return dim_name, sizes, names
 
 

@@ -16,7 +16,14 @@ from ._fmt import range_label, ranks_text
 from ._svg import Svg, stack
 from .html import Section, html_page
 from .mesh_svg import mesh_picture, mesh_svg
-from .reports import mesh_report, placement_text, plan_report, shard_report, view_groups
+from .reports import (
+    mesh_report,
+    placement_text,
+    plan_report,
+    same_groups,
+    shard_report,
+    view_groups,
+)
 from .sharding_svg import sharding_picture, sharding_svg
 from .text import mesh_grid_text, mesh_text, plan_text, shard_grid_text, shard_text
 from .torch_view import torch_local_shape_and_offset, torch_spec_runs
@@ -35,6 +42,7 @@ __all__ = [
     "plan_text",
     "range_label",
     "ranks_text",
+    "same_groups",
     "shard_grid_text",
     "shard_report",
     "shard_text",

@@ -23,6 +23,7 @@ __all__ = [
     "mesh_report",
     "placement_text",
     "plan_report",
+    "same_groups",
     "shard_report",
     "view_groups",
 ]
@@ -35,6 +36,18 @@ SHARD_SCHEMA = "meshlayout.shard/1"
 def view_groups(mesh: Mesh) -> np.ndarray[Any, np.dtype[np.int64]]:
     """Every sub-mesh of ``mesh`` flattened row-major: shape ``(num_groups, group_size)``."""
     return np.asarray(mesh.submeshes()).reshape(mesh.num_submeshes, mesh.size())
+
+
+def same_groups(a: Mesh, b: Mesh) -> bool:
+    """True if ``a`` and ``b`` have the same groups in the same order; O(ndim), not O(world).
+
+    Both flattened to one dim over the same rank map are then the same mesh.
+
+    >>> m = Mesh({"dp": 2, "cp": 2, "tp": 2})
+    >>> same_groups(m["dp", "cp"], m["dp", "cp"].flatten()), same_groups(m["dp"], m["cp"])
+    (True, False)
+    """
+    return a.rank_map == b.rank_map and a.flatten("g") == b.flatten("g")
 
 
 def group_hosts(groups: np.ndarray[Any, Any], ranks_per_host: int) -> np.ndarray[Any, Any]:
