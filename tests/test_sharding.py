@@ -7,7 +7,8 @@ import itertools
 import pickle
 import subprocess
 import sys
-import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ from sharding_reference import (
     reference_indices,
     reference_piece,
     replicating_dims,
+    strided_split,
     torch_encoding,
 )
 
@@ -424,21 +426,86 @@ def test_permuted_rank_map() -> None:
     assert [spec.local_runs(r)[0] for r in (3, 1, 2, 0)] == [((i, i + 1),) for i in range(4)]
 
 
+def python_calls(op: Callable[[], object]) -> int:
+    """How many Python function calls ``op`` makes: a cost measure free of timing noise."""
+    count = 0
+
+    def tracer(frame: Any, event: str, arg: Any) -> None:
+        nonlocal count
+        count += event == "call"
+
+    sys.setprofile(tracer)
+    try:
+        op()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
 def test_cost_is_independent_of_tensor_size() -> None:
     mesh = Mesh({"dp": 3, "cp": 5, "tp": 7})
+    pl = [StridedShard(0, 7), Shard(1), Shard(0)]
+
+    def all_shapes(n: int) -> list[tuple[int, ...]]:
+        spec = ShardingSpec((n, n), mesh, pl)
+        return [spec.local_shape(rank) for rank in range(105)]
+
     n = 2**62 + 12345
-    spec = ShardingSpec((n, n), mesh, [StridedShard(0, 7), Shard(1), Shard(0)])
-    t0 = time.perf_counter()
-    total = 0
-    for rank in range(105):
-        total += spec.local_shape(rank)[0] * (spec.local_shape(rank)[1] > 0)
-    assert time.perf_counter() - t0 < 0.5
+    assert python_calls(lambda: all_shapes(n)) == python_calls(lambda: all_shapes(10**6 + 7))
+    total = sum(a * (b > 0) for a, b in all_shapes(n))
     assert total == n * 5  # each row on one (dp, tp) pair, and on each of its 5 cp ranks
     lit = ShardingSpec((n,), Mesh((2, 2)), [StridedShard(0, 2), StridedShard(0, 2)])
     assert sum(lit.local_shape(r)[0] for r in range(4)) == n
-    # an absurd split factor on a short dim costs O(dim size), not O(split factor)
     huge = ShardingSpec((5,), Mesh((2,)), [StridedShard(0, 10**12)])
     assert [huge.local_runs(r) for r in (0, 1)] == [(((0, 5),),), ((),)]
+
+
+def test_literal_split_cost_does_not_depend_on_the_split_factor() -> None:
+    """Issue 10: StridedShard(0, 10**12) on 10**12 rows answers in closed form."""
+    n = 10**12
+
+    def runs(sf: int) -> list[tuple[Any, ...]]:
+        spec = ShardingSpec((n,), Mesh((2,)), [StridedShard(0, sf)])
+        return [spec.local_runs(r) for r in (0, 1)]
+
+    assert runs(10**12) == [(((0, n),),), ((),)]  # one-row pieces: rank 0 keeps every row
+    assert runs(10**15) == runs(10**12)
+    costs = {sf: python_calls(lambda sf=sf: runs(sf)) for sf in (10**3, 10**12, 10**15)}
+    assert costs[10**12] == costs[10**15] <= costs[10**3], costs
+    # a literal list of many pieces: the count of runs is the answer's size, then a limit
+    spec = ShardingSpec((n,), Mesh((2,)), [StridedShard(0, 1000)])
+    assert len(spec.local_runs(0)[0]) == 1000 and spec.local_shape(0) == (n // 2,)
+    too_many = ShardingSpec((n,), Mesh((2,)), [StridedShard(0, 10**6)])
+    with pytest.raises(ValueError, match=r"gives piece 0 1000000 runs, more than MAX_RUNS = 65536"):
+        too_many.local_runs(0)
+
+
+def test_literal_runs_refuses_exactly_past_max_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import meshlayout.sharding._order as order
+
+    monkeypatch.setattr(order, "MAX_RUNS", 10)
+    assert len(sharding.literal_runs(40, [(2, 0, 10)])) == 10
+    with pytest.raises(ValueError, match="11 runs, more than MAX_RUNS = 10"):
+        sharding.literal_runs(44, [(2, 0, 11)])
+    assert sharding.literal_runs(44, [(1, 0, 11)]) == ((0, 44),)  # whole pieces merge
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.integers(0, 150),
+    st.lists(
+        st.tuples(st.integers(1, 6), st.integers(0, 5), st.integers(1, 400)), min_size=1, max_size=3
+    ),
+)
+def test_literal_runs_closed_form_matches_the_simulation(n: int, raw: list) -> None:
+    steps = [(k, i % k, sf) for k, i, sf in raw]
+    idx = np.arange(n)
+    for k, i, sf in steps:
+        idx = strided_split(idx, sf, k, i)
+    runs = sharding.literal_runs(n, steps)
+    np.testing.assert_array_equal(expand(runs), idx)
+    assert all(b > a for a, b in runs)
+    assert all(runs[j][1] < runs[j + 1][0] for j in range(len(runs) - 1))  # sorted, merged
 
 
 def test_local_queries_are_cached_per_rank() -> None:
@@ -527,8 +594,43 @@ def test_from_shard_order_errors() -> None:
         ShardingSpec.from_shard_order((4,), mesh, {}, partial={"dp": "mean"})
     spec = ShardingSpec.from_shard_order((4,), mesh, {-1: (-1, 0)}, partial=None)
     assert spec.shard_order() == {0: (1, 0)}
+    # a negative tensor dim that aliases a positive one is an error, not a silent drop
+    with pytest.raises(ValueError, match=r"order keys 0 and -2 both name tensor dim 0"):
+        ShardingSpec.from_shard_order((7, 4), mesh, {0: ("tp",), -2: ("dp",)})
+    with pytest.raises(ValueError, match=r"order keys -1 and (np\.int64\()?0"):
+        ShardingSpec.from_shard_order((7,), mesh, {-1: ("tp",), np.int64(0): ("dp",)})
     spec = ShardingSpec.from_shard_order((4,), mesh, {0: ()}, partial={"dp": "max"})
     assert spec.placements() == (Partial("max"), Replicate())
+
+
+def test_shard_and_unshard_take_nested_lists_and_name_bad_types() -> None:
+    spec = ShardingSpec((4, 2), Mesh((2,)), [Shard(0)])
+    rows = [[1, 2], [3, 4], [5, 6], [7, 8]]
+    assert spec.shard(rows, 1).tolist() == [[5, 6], [7, 8]]
+    assert spec.unshard({0: rows[:2], 1: tuple(rows[2:])}).tolist() == rows
+    with pytest.raises(TypeError, match=r"shard: array must be a numpy array.*got str"):
+        spec.shard("abcd", 0)
+    with pytest.raises(TypeError, match="got dict"):
+        spec.shard({0: 1}, 0)
+    with pytest.raises(ValueError, match="ragged nested list"):
+        spec.shard([[1, 2], [3]], 0)
+    with pytest.raises(TypeError, match="must hold numbers"):
+        spec.shard([["a", "b"]] * 4, 0)
+    with pytest.raises(TypeError, match=r"the piece of rank 1 must be .*got NoneType"):
+        spec.unshard({0: rows[:2], 1: None})
+
+
+@pytest.mark.parametrize("op", ["band", "bor", "bxor"])
+def test_bitwise_partial_on_float_data_names_the_op_and_dtype(op: str) -> None:
+    spec = ShardingSpec((4,), Mesh((2,)), [Partial(op)])
+    with pytest.raises(TypeError, match=rf"Partial\('{op}'\) reduces with bitwise .* got float64"):
+        spec.shard(np.zeros(4), 0)
+    with pytest.raises(TypeError, match=rf"Partial\('{op}'\).*got float32"):
+        spec.unshard({0: np.zeros(4, np.float32), 1: np.zeros(4, np.float32)})
+    ints = {0: np.array([3, 3, 1, 0]), 1: np.array([1, 2, 3, 0])}
+    want = {"band": [1, 2, 1, 0], "bor": [3, 3, 3, 0], "bxor": [2, 1, 2, 0]}[op]
+    assert spec.unshard(ints).tolist() == want
+    assert spec.unshard({0: np.ones(4, bool), 1: np.ones(4, bool)}).dtype == bool
 
 
 # ---------------------------------------------------------------------- packaging
@@ -540,11 +642,12 @@ def test_import_does_not_import_torch() -> None:
 
 def test_docstring_examples() -> None:
     import meshlayout.sharding._arrays as arrays
+    import meshlayout.sharding._literal as lit
     import meshlayout.sharding._order as o
     import meshlayout.sharding._placements as p
     import meshlayout.sharding._spec as s
 
-    for mod in (sharding, o, p, s, arrays):
+    for mod in (sharding, o, p, s, arrays, lit):
         result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, mod.__name__
     assert doctest.testmod(s).attempted >= 5

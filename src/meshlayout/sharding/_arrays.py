@@ -11,11 +11,71 @@ import numpy as np
 
 from ._order import Runs
 
-__all__ = ["is_torch", "put", "reduce_group", "submesh_index", "take", "zeros_like"]
+__all__ = [
+    "as_array",
+    "check_reduce_dtype",
+    "cut",
+    "is_torch",
+    "put",
+    "reduce_group",
+    "submesh_index",
+    "zeros_like",
+]
+
+_BITWISE = {"band": "bitwise and", "bor": "bitwise or", "bxor": "bitwise xor"}
 
 
 def is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
+
+
+def as_array(x: Any, what: str) -> Any:
+    """``x`` if it is a numpy array or torch tensor; nested lists/tuples/scalars as numpy.
+
+    ``TypeError`` naming ``what`` and the type for anything else (or for lists of
+    non-numbers); ``ValueError`` for ragged nested lists.
+
+    >>> as_array([[1, 2], [3, 4]], "array").shape
+    (2, 2)
+    """
+    if isinstance(x, np.ndarray) or is_torch(x):
+        return x
+    if isinstance(x, (list, tuple, int, float, complex, np.generic)) and not isinstance(x, bool):
+        try:
+            out = np.asarray(x)
+        except ValueError:
+            raise ValueError(
+                f"{what} is a ragged nested list; every row needs the same length"
+            ) from None
+        if out.dtype == object or out.dtype.kind in "USV":
+            raise TypeError(f"{what} must hold numbers, got a nested list of {out.dtype}")
+        return out
+    raise TypeError(
+        f"{what} must be a numpy array, a torch tensor or nested lists of numbers, "
+        f"got {type(x).__name__}"
+    )
+
+
+def check_reduce_dtype(x: Any, op: str) -> None:
+    """``TypeError`` naming ``op`` and the dtype when a bitwise op meets non-integer data.
+
+    >>> check_reduce_dtype(np.zeros(2), "band")
+    Traceback (most recent call last):
+    ...
+    TypeError: Partial('band') reduces with bitwise and, which needs integer or bool data, got float64
+    """
+    if op not in _BITWISE:
+        return
+    dtype = x.dtype
+    if is_torch(x):
+        ok = not (dtype.is_floating_point or dtype.is_complex)
+    else:
+        ok = dtype == np.bool_ or np.issubdtype(dtype, np.integer)
+    if not ok:
+        raise TypeError(
+            f"Partial({op!r}) reduces with {_BITWISE[op]}, which needs integer or bool data, "
+            f"got {str(dtype).removeprefix('torch.')}"
+        )
 
 
 def _index(runs: Runs) -> slice | np.ndarray[Any, np.dtype[np.int64]]:
@@ -25,7 +85,8 @@ def _index(runs: Runs) -> slice | np.ndarray[Any, np.dtype[np.int64]]:
     return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in runs])
 
 
-def take(array: Any, runs: tuple[Runs, ...]) -> Any:
+def cut(array: Any, runs: tuple[Runs, ...]) -> Any:
+    """A copy of the elements of ``array`` at ``runs`` (one tuple of runs per dim)."""
     x = array
     for d, r in enumerate(runs):
         ix: Any = _index(r)

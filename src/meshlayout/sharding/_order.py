@@ -6,6 +6,11 @@ tensor dim is a tuple of non-empty, non-adjacent runs in local order.
 A *shard order* lists, per tensor dim, the mesh dims that split it, outermost
 first. :func:`encode` turns it into torch-compatible split factors, :func:`decode`
 is torch's planner rule in the other direction (``None`` when nothing fits).
+
+:func:`literal_runs` (torch's literal ``_StridedShard`` split) is computed in closed
+form: its cost depends on the number of runs a rank holds, never on the split
+factor or the tensor size, and a walk that would give a rank more than
+:data:`MAX_RUNS` runs of one tensor dim raises ``ValueError``.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 __all__ = [
+    "MAX_RUNS",
     "Run",
     "Runs",
     "chunk_bounds",
@@ -21,14 +27,15 @@ __all__ = [
     "encode",
     "literal_runs",
     "merge_runs",
-    "nested_run",
-    "take",
+    "take_positions",
 ]
 
 Run = tuple[int, int]
 Runs = tuple[Run, ...]
-# Per tensor dim, the ordered mesh dims that split it.
-Order = tuple[tuple[int, ...], ...]
+
+#: Most runs one rank may hold along one tensor dim under a literal ``_StridedShard``
+#: walk (at any step of it); beyond, :func:`literal_runs` raises ``ValueError``.
+MAX_RUNS = 1 << 16
 
 
 def chunk_bounds(n: int, k: int, i: int) -> Run:
@@ -41,20 +48,6 @@ def chunk_bounds(n: int, k: int, i: int) -> Run:
     """
     c = -(-n // k)
     return min(i * c, n), min((i + 1) * c, n)
-
-
-def nested_run(n: int, steps: Iterable[tuple[int, int]]) -> Run:
-    """Chunk ``[0, n)`` by ``(k, i)`` steps, outermost first; the final interval.
-
-    >>> nested_run(7, [(2, 1), (3, 2)])  # TP (2) then DP (3): rank (dp=2, tp=1)
-    (6, 7)
-    """
-    start, length = 0, n
-    for k, i in steps:
-        lo, hi = chunk_bounds(length, k, i)
-        start += lo
-        length = hi - lo
-    return start, start + length
 
 
 def merge_runs(runs: Iterable[Run]) -> Runs:
@@ -74,21 +67,26 @@ def merge_runs(runs: Iterable[Run]) -> Runs:
     return tuple(out)
 
 
-def take(runs: Sequence[Run], a: int, b: int) -> list[Run]:
-    """Positions ``[a, b)`` of the concatenation of ``runs``, as global runs.
+def take_positions(runs: Sequence[Run], positions: Sequence[Run]) -> list[Run]:
+    """The global runs holding ``positions`` (sorted, disjoint) of the concatenation of ``runs``.
 
-    >>> take([(0, 2), (4, 6)], 1, 3)
+    One pass over both lists: O(len(runs) + len(positions)).
+
+    >>> take_positions([(0, 2), (4, 6)], [(1, 3)])
     [(1, 2), (4, 5)]
     """
     out: list[Run] = []
-    pos = 0
-    for s, e in runs:
-        lo, hi = max(a, pos), min(b, pos + e - s)
-        if lo < hi:
-            out.append((s + lo - pos, s + hi - pos))
-        pos += e - s
-        if pos >= b:
-            break
+    k, base = 0, 0  # runs[k] holds positions [base, base + its length)
+    for a, b in positions:
+        while k < len(runs) and a < b:
+            s, e = runs[k]
+            end = base + e - s
+            if a >= end:
+                k, base = k + 1, end
+                continue
+            hi = min(b, end)
+            out.append((s + a - base, s + hi - base))
+            a = hi
     return out
 
 
@@ -97,22 +95,46 @@ def literal_runs(n: int, steps: Iterable[tuple[int, int, int]]) -> Runs:
 
     Each step splits the current extent into ``split_factor`` pieces, chunks each
     into ``k`` and keeps piece ``i`` of each (``split_factor == 1`` is a plain chunk).
+    Closed form: the kept parts of the equal pieces are an arithmetic progression.
 
     >>> literal_runs(8, [(2, 0, 2)])  # [_StridedShard(0, 2)] on 2 ranks: rank 0
     ((0, 2), (4, 6))
+    >>> literal_runs(10**12, [(2, 0, 10**12)])  # one-row pieces: rank 0 keeps every row
+    ((0, 1000000000000),)
     """
     runs: Runs = ((0, n),) if n > 0 else ()
     for k, i, sf in steps:
         total = sum(e - s for s, e in runs)
-        picked: list[Run] = []
-        for j in range(sf):
-            lo, hi = chunk_bounds(total, sf, j)
-            if lo >= total:  # every later piece is empty: at most min(sf, total) rounds
-                break
-            a, b = chunk_bounds(hi - lo, k, i)
-            picked.extend(take(runs, lo + a, lo + b))
-        runs = merge_runs(picked)
+        runs = merge_runs(take_positions(runs, _kept_positions(total, k, i, sf)))
     return runs
+
+
+def _kept_positions(total: int, k: int, i: int, sf: int) -> Runs:
+    """Positions one literal step keeps of ``total`` elements, merged (closed form)."""
+    if total == 0:
+        return ()
+    c = -(-total // sf)  # piece length (torch.chunk rule)
+    pieces = -(-total // c)  # non-empty pieces
+    last = total - (pieces - 1) * c
+    full = pieces if last == c else pieces - 1  # pieces of length c
+    a, b = chunk_bounds(c, k, i)  # kept part of each full piece
+    kept: list[Run] = []
+    if full and b > a:
+        if b - a == c:  # whole pieces: one run
+            kept.append((0, full * c))
+        elif full > MAX_RUNS:
+            raise ValueError(
+                f"a literal _StridedShard split of {total} elements into split_factor={sf} "
+                f"pieces, each chunked {k} ways, gives piece {i} {full} runs, more than "
+                f"MAX_RUNS = {MAX_RUNS} (meshlayout.sharding._order.MAX_RUNS); use a "
+                "decodable placement list (a shard order) instead"
+            )
+        else:
+            kept.extend((j * c + a, j * c + b) for j in range(full))
+    if full < pieces:
+        la, lb = chunk_bounds(last, k, i)
+        kept.append((full * c + la, full * c + lb))
+    return merge_runs(kept)
 
 
 def encode(order: Sequence[int], sizes: Sequence[int]) -> dict[int, int]:

@@ -9,7 +9,15 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..inttuple import check_int
-from ._arrays import put, reduce_group, submesh_index, take, zeros_like
+from ._arrays import (
+    as_array,
+    check_reduce_dtype,
+    cut,
+    put,
+    reduce_group,
+    submesh_index,
+    zeros_like,
+)
 from ._literal import literal_runs_at, placement_steps
 from ._order import Runs, decode, encode
 from ._placements import (
@@ -137,8 +145,15 @@ class ShardingSpec:
             placements[m] = Partial(op)
             owner[m] = f"Partial({op!r})"
         orders: list[tuple[int, ...]] = [() for _ in shape]
+        key_of: dict[int, object] = {}
         for d_raw, dims in order.items():
             d = _tensor_dim(d_raw, shape, f"order key {d_raw!r}")
+            if d in key_of:
+                raise ValueError(
+                    f"order keys {key_of[d]!r} and {d_raw!r} both name tensor dim {d} of "
+                    f"global_shape {shape}; give each tensor dim once"
+                )
+            key_of[d] = d_raw
             if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence):
                 raise TypeError(f"order[{d_raw!r}] must be a sequence of mesh dims, got {dims!r}")
             ms = tuple(_mesh_dim(x, mesh) for x in dims)
@@ -293,12 +308,16 @@ class ShardingSpec:
         >>> spec.shard(np.arange(8), 0)
         array([0, 1, 4, 5])
         """
-        shape = tuple(int(s) for s in getattr(array, "shape", ()))
+        array = as_array(array, "shard: array")
+        shape = tuple(int(s) for s in array.shape)
         if shape != self.global_shape:
             raise ValueError(
                 f"array of shape {shape} does not match global_shape {self.global_shape}"
             )
-        piece = take(array, self.local_runs(rank))
+        for p in self._placements:
+            if isinstance(p, Partial):
+                check_reduce_dtype(array, p.reduce_op)
+        piece = cut(array, self.local_runs(rank))
         coord = self.mesh.coordinate(rank)
         if coord is not None:
             for m, p in enumerate(self._placements):
@@ -327,7 +346,10 @@ class ShardingSpec:
         pdims = {m for m, _ in partial}
         sub_of = submesh_index(self.mesh) if partial else None
         groups: dict[tuple[Any, ...], dict[tuple[int, ...], tuple[int, Any]]] = {}
-        for rank, piece in pieces.items():
+        for rank, given in pieces.items():
+            piece = as_array(given, f"unshard: the piece of rank {rank!r}")
+            for _, op in partial:
+                check_reduce_dtype(piece, op)
             coord = self.mesh.coordinate(rank)
             if coord is None:
                 raise ValueError(f"rank {rank} is not in the mesh {self.mesh!r}")
