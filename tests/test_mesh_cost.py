@@ -63,20 +63,43 @@ def test_per_rank_operations_allocate_under_1mb_at_2_pow_20(ranks: range | None)
     assert not too_big, f"world-sized allocations: {too_big}"
 
 
+def generic_per_rank_ops(mesh: Mesh, rank: int) -> dict[str, Callable[[], object]]:
+    """Per-rank queries of any mesh (names not assumed); answers well under 1 MB."""
+    ops: dict[str, Callable[[], object]] = {
+        "coordinate": lambda: mesh.coordinate(rank),
+        "in": lambda: rank in mesh,
+        "submesh": lambda: mesh.submesh(rank),
+        "num_submeshes": lambda: mesh.num_submeshes,
+        "repr": lambda: repr(mesh),
+    }
+    for name in mesh.names:
+        ops[f"group {name}"] = lambda name=name: mesh.group(rank, name)  # type: ignore[misc]
+        ops[f"local_rank {name}"] = lambda name=name: mesh.local_rank(rank, name)  # type: ignore[misc]
+    return ops
+
+
 def test_explicit_rank_map_inverse_built_once_then_cheap() -> None:
     perm = np.random.default_rng(0).permutation(WORLD)
     mesh = Mesh(DEGREES, ranks=perm)
-    derived = [mesh["tp", "pp"], mesh.flatten(), mesh.unflatten("tp", (8, 16), ("a", "b"))]
+    derived = [
+        mesh["tp", "pp"],
+        mesh["dp_replicate", "dp_shard", "cp"].flatten("x")["x"],
+        mesh.unflatten("tp", (8, 16), ("a", "b"))["b", "a", "cp"],
+        mesh.flatten("w", dims=("dp_shard", "pp"))["w"],
+    ]
     assert all(d.rank_map is mesh.rank_map for d in derived)
+    assert all(d.size() * 8 < LIMIT // 4 for d in derived)  # answers are small
     rank = int(perm[MIDDLE])
     mesh.coordinate(rank)  # builds the inverse, once
     inverse = mesh.rank_map._inverse
     assert inverse is not None
-    for d in [mesh, *derived]:
-        peaks = {name: peak_bytes(op) for name, op in per_rank_ops(mesh, rank).items()}
-        assert max(peaks.values()) < LIMIT, peaks
-        d.group(rank, 0)
+    checked = []
+    for d in derived:
+        peaks = {name: peak_bytes(op) for name, op in generic_per_rank_ops(d, rank).items()}
+        assert max(peaks.values()) < LIMIT, (d, peaks)
         assert d.rank_map._inverse is inverse
+        checked.append(len(peaks))
+    assert checked == [2 * d.ndim + 5 for d in derived]  # every derived mesh was measured
 
 
 def test_sparse_explicit_rank_map_uses_a_sorted_inverse() -> None:
