@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from hypothesis import strategies as st
 
 from meshlayout import Mesh
@@ -28,25 +29,31 @@ def meshes(draw: st.DrawFn, pool: tuple[int, ...] = tuple(range(RANK_POOL))) -> 
             break
         sizes.append(draw(st.integers(1, min(4, room))))
     n = math.prod(sizes)
-    ranks = draw(st.permutations(pool))[:n]
-    mesh = Mesh(tuple(sizes), ranks=list(ranks))
+    ranks = draw(st.lists(st.sampled_from(pool), min_size=n, max_size=n, unique=True))
+    mesh = Mesh(tuple(sizes), ranks=ranks)
     if mesh.ndim >= 2 and draw(st.booleans()):
         keep = draw(st.lists(st.integers(0, mesh.ndim - 1), min_size=1, unique=True))
         mesh = mesh[tuple(keep)]  # a family: one spec per sub-mesh
     return mesh
 
 
-@st.composite
-def placements_for(draw: st.DrawFn, mesh_ndim: int, tensor_ndim: int) -> list[Placement]:
-    dims = st.integers(-tensor_ndim, tensor_ndim - 1) if tensor_ndim else st.nothing()
-    one = st.one_of(
+def _one_placement(tensor_ndim: int) -> st.SearchStrategy[Placement]:
+    if not tensor_ndim:
+        return st.just(Replicate())
+    dims = st.integers(-tensor_ndim, tensor_ndim - 1)
+    return st.one_of(
         st.just(Replicate()),
         st.builds(Shard, dims),
         st.builds(StridedShard, dims, st.integers(1, 4)),
     )
-    if not tensor_ndim:
-        one = st.just(Replicate())
-    return draw(st.lists(one, min_size=mesh_ndim, max_size=mesh_ndim))
+
+
+_ONE = {n: _one_placement(n) for n in range(4)}
+
+
+def placements_for(mesh_ndim: int, tensor_ndim: int) -> st.SearchStrategy[list[Placement]]:
+    """One placement per mesh dim: Replicate, Shard or StridedShard of a tensor dim."""
+    return st.lists(_ONE[tensor_ndim], min_size=mesh_ndim, max_size=mesh_ndim)
 
 
 @st.composite
@@ -87,7 +94,7 @@ def spec_pairs(draw: st.DrawFn) -> tuple[ShardingSpec, ShardingSpec]:
 
 def covered(spec: ShardingSpec) -> set[int]:
     """Every global rank of the spec's mesh (a family covers its whole rank map)."""
-    return {int(r) for r in spec.mesh.rank_map if r in spec.mesh}  # type: ignore[attr-defined]
+    return {int(r) for r in np.asarray(spec.mesh.submeshes()).reshape(-1)}
 
 
 def _factor(draw: st.DrawFn, n: int) -> list[int]:

@@ -20,6 +20,7 @@ from meshlayout.sharding import (
     box_slices,
     intersect,
     local_slices,
+    pieces,
     run_boxes,
 )
 from reshard_strategies import covered, specs
@@ -56,6 +57,29 @@ def test_run_boxes_tile_each_ranks_piece_exactly(spec: ShardingSpec) -> None:
             seen |= values
             assert local_slices(spec, rank, rb.box) == rb.local_slices()
         assert seen == set(local.reshape(-1).tolist())
+
+
+@SETTINGS
+@given(specs())
+def test_pieces_group_ranks_by_identical_holdings(spec: ShardingSpec) -> None:
+    # reference: ask every covered rank for its runs and group ranks by them
+    groups: dict[tuple, list[int]] = {}
+    for rank in covered(spec):
+        runs = spec.local_runs(rank)
+        if all(runs):
+            groups.setdefault(runs, []).append(rank)
+    want = sorted((runs, tuple(sorted(ranks))) for runs, ranks in groups.items())
+    got = pieces(spec)
+    assert [(p.runs, p.ranks) for p in got] == want
+    # distinct pieces are disjoint and cover the tensor exactly once
+    numel = int(np.prod(spec.global_shape, dtype=np.int64))
+    count = np.zeros(numel, dtype=np.int64)
+    flat = np.arange(numel).reshape(spec.global_shape)
+    for p in got:
+        assert p.numel == sum(rb.numel for rb in p.run_boxes()) > 0
+        assert p.run_boxes() == run_boxes(spec, p.ranks[0])
+        np.add.at(count, spec.shard(flat, p.ranks[0]).reshape(-1), 1)
+    assert (count == 1).all()
 
 
 intervals = st.tuples(st.integers(0, 9), st.integers(0, 9))

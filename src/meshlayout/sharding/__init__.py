@@ -11,10 +11,21 @@ a rank several runs per dim. See ``docs/sharding.md``.
 and torch arrays passed to ``shard``/``unshard`` do.
 """
 
-from ._boxes import Box, RunBox, box_numel, box_slices, intersect, local_slices, run_boxes
+from ._boxes import (
+    Box,
+    Piece,
+    RunBox,
+    box_numel,
+    box_slices,
+    intersect,
+    local_slices,
+    pieces,
+    run_boxes,
+)
 from ._literal import Step, placement_steps, torch_split_runs
 from ._order import Run, Runs, chunk_bounds, literal_runs
 from ._placements import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard
+from ._reshard import ReshardPlan, Transfer, reshard_plan
 from ._spec import MeshLike, ShardingSpec
 
 __all__ = [
@@ -22,8 +33,10 @@ __all__ = [
     "Box",
     "MeshLike",
     "Partial",
+    "Piece",
     "Placement",
     "Replicate",
+    "ReshardPlan",
     "Run",
     "RunBox",
     "Runs",
@@ -31,13 +44,16 @@ __all__ = [
     "ShardingSpec",
     "Step",
     "StridedShard",
+    "Transfer",
     "box_numel",
     "box_slices",
     "chunk_bounds",
     "intersect",
     "literal_runs",
     "local_slices",
+    "pieces",
     "placement_steps",
+    "reshard_plan",
     "run_boxes",
     "torch_split_runs",
 ]

@@ -8,7 +8,8 @@ local tensor. Decodable specs give at most one box per rank; undecodable
 ``StridedShard`` lists may give several.
 
 This module is the one home for box arithmetic used by reshard plans and
-checkpoint planners.
+checkpoint planners. :func:`pieces` groups the ranks holding identical data
+(replicas) without asking every rank for its runs.
 
 >>> from meshlayout import Mesh
 >>> from meshlayout.sharding import ShardingSpec, StridedShard
@@ -21,20 +22,30 @@ checkpoint planners.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
+
+from ._order import Runs
+from ._placements import Shard, StridedShard
 from ._spec import ShardingSpec
 
 __all__ = [
     "Box",
+    "Piece",
+    "PieceTable",
     "RunBox",
     "box_numel",
     "box_slices",
     "intersect",
     "local_slices",
+    "piece_table",
+    "pieces",
     "run_boxes",
 ]
 
@@ -163,20 +174,7 @@ def run_boxes(spec: ShardingSpec, rank: int) -> tuple[RunBox, ...]:
         raise TypeError(f"spec must be a ShardingSpec, got {type(spec).__name__}")
     if rank not in spec.mesh:
         return ()
-    per_dim: list[list[tuple[tuple[int, int], int]]] = []
-    for runs in spec.local_runs(rank):
-        pos = 0
-        placed: list[tuple[tuple[int, int], int]] = []
-        for a, b in runs:
-            placed.append(((a, b), pos))
-            pos += b - a
-        if not placed:
-            return ()
-        per_dim.append(placed)
-    return tuple(
-        RunBox(tuple(r for r, _ in combo), tuple(p for _, p in combo))
-        for combo in itertools.product(*per_dim)
-    )
+    return _product_boxes(spec.local_runs(rank))
 
 
 def local_slices(spec: ShardingSpec, rank: int, box: Box) -> tuple[slice, ...]:
@@ -213,3 +211,193 @@ def local_slices(spec: ShardingSpec, rank: int, box: Box) -> tuple[slice, ...]:
                 f"{(s, t)} lies in none of its runs {runs}"
             )
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One distinct piece of the tensor under a spec, and every rank holding it.
+
+    ``runs`` are per tensor dim, in local order (as :meth:`ShardingSpec.local_runs`);
+    ``ranks`` are the global ranks holding exactly these elements, ascending
+    (replicas along ``Replicate`` mesh dims and across the sub-meshes of a family;
+    along ``Partial`` mesh dims they hold partial values of the same elements).
+    """
+
+    runs: tuple[Runs, ...]
+    ranks: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        """Number of elements of the piece."""
+        return math.prod(sum(b - a for a, b in r) for r in self.runs)
+
+    def run_boxes(self) -> tuple[RunBox, ...]:
+        """The piece's boxes in local order, as :func:`run_boxes` gives them for each holder."""
+        return _product_boxes(self.runs)
+
+
+def pieces(spec: ShardingSpec) -> tuple[Piece, ...]:
+    """Every non-empty piece of the tensor under ``spec`` with its holders, sorted by runs.
+
+    Distinct pieces are disjoint and together cover the tensor; ranks holding nothing
+    appear in none. Cost: O(world size) numpy work plus O(pieces × ndim) Python work
+    (decodable specs are chunked vectorised; undecodable ones ask one representative
+    rank per piece); cached per spec.
+
+    >>> from meshlayout import Mesh
+    >>> from meshlayout.sharding import Replicate, Shard, ShardingSpec
+    >>> spec = ShardingSpec((5, 2), Mesh({"dp": 2, "tp": 3}), [Replicate(), Shard(0)])
+    >>> for p in pieces(spec):
+    ...     print(p.runs, p.ranks)
+    (((0, 2),), ((0, 2),)) (0, 3)
+    (((2, 4),), ((0, 2),)) (1, 4)
+    (((4, 5),), ((0, 2),)) (2, 5)
+    """
+    if not isinstance(spec, ShardingSpec):
+        raise TypeError(f"spec must be a ShardingSpec, got {type(spec).__name__}")
+    table = piece_table(spec)
+    return tuple(Piece(runs, tuple(h)) for runs, h in zip(table.runs(), table.holders.tolist()))
+
+
+class PieceTable:
+    """Columnar form of :func:`pieces`, for planners (internal; arrays are read-only).
+
+    ``holders``: int64 ``[pieces, holders per piece]``, rows ascending, pieces sorted
+    by runs (every piece of a spec has the same number of holders).
+    ``lo``, ``hi``: int64 ``[boxes, max(ndim, 1)]``: every run box of every piece,
+    grouped by piece in piece order, local order within a piece; a 0-d tensor is
+    treated as shape ``(1,)``. ``box_piece``: int64 ``[boxes]``, the piece of each box.
+    """
+
+    def __init__(
+        self,
+        ndim: int,
+        holders: Any,
+        lo: Any,
+        hi: Any,
+        box_piece: Any,
+        runs: tuple[tuple[Runs, ...], ...] | None,
+    ) -> None:
+        for a in (holders, lo, hi, box_piece):
+            a.setflags(write=False)
+        self.ndim = ndim
+        self.holders = holders
+        self.lo = lo
+        self.hi = hi
+        self.box_piece = box_piece
+        self._runs = runs
+
+    def runs(self) -> tuple[tuple[Runs, ...], ...]:
+        """Per piece, its runs per tensor dim (built on first use for decodable specs)."""
+        if self._runs is None:
+            if self.ndim == 0:
+                self._runs = ((),) * len(self.holders)
+            else:
+                self._runs = tuple(
+                    tuple(((a, b),) for a, b in zip(lo, hi))
+                    for lo, hi in zip(self.lo.tolist(), self.hi.tolist())
+                )
+        return self._runs
+
+
+@functools.lru_cache(maxsize=256)
+def piece_table(spec: ShardingSpec) -> PieceTable:
+    """The :class:`PieceTable` of ``spec``: O(world size) numpy work, cached per spec."""
+    sizes = tuple(int(s) for s in spec.mesh.shape)
+    split = [m for m, p in enumerate(spec.placements()) if isinstance(p, (Shard, StridedShard))]
+    grid = tuple(sizes[m] for m in split)
+    subs = np.asarray(spec.mesh.submeshes(), dtype=np.int64).reshape((-1, *sizes))
+    # rows: one combination of the splitting mesh dims' coordinates; columns: its holders
+    holders: Any = np.moveaxis(subs, [1 + m for m in split], list(range(len(split))))
+    holders = np.sort(holders.reshape(math.prod(grid), -1), axis=1)
+    ndim = len(spec.global_shape)
+    if spec.decodable:
+        flat, lo, hi = _nested_boxes(spec, sizes, split, grid)
+        order = np.lexsort(lo.T[::-1]) if len(lo) else np.zeros(0, dtype=np.int64)
+        return PieceTable(
+            ndim,
+            holders[flat[order]],
+            lo[order],
+            hi[order],
+            np.arange(len(order), dtype=np.int64),
+            None,
+        )
+    found = []
+    for i in range(math.prod(grid)):
+        runs = spec.local_runs(int(holders[i, 0]))
+        if all(runs):
+            found.append((runs, i))
+    found.sort()
+    los: list[tuple[int, ...]] = []
+    his: list[tuple[int, ...]] = []
+    box_piece: list[int] = []
+    for p, (runs, _) in enumerate(found):
+        for rb in _product_boxes(runs):
+            los.append(tuple(a for a, _ in rb.box) or (0,))
+            his.append(tuple(b for _, b in rb.box) or (1,))
+            box_piece.append(p)
+    width = max(ndim, 1)
+    return PieceTable(
+        ndim,
+        holders[[i for _, i in found]].reshape(len(found), holders.shape[1]),
+        np.array(los, dtype=np.int64).reshape(-1, width),
+        np.array(his, dtype=np.int64).reshape(-1, width),
+        np.array(box_piece, dtype=np.int64),
+        tuple(runs for runs, _ in found),
+    )
+
+
+def _nested_boxes(
+    spec: ShardingSpec, sizes: tuple[int, ...], split: list[int], grid: tuple[int, ...]
+) -> tuple[Any, Any, Any]:
+    """Nested ``torch.chunk``-rule chunking of every dim over the whole coordinate grid.
+
+    Returns the flat grid index of every non-empty piece and its box bounds
+    ``[pieces, max(ndim, 1)]`` (a 0-d tensor as ``[(0, 1)]``).
+    """
+    order = spec.shard_order()
+    count = math.prod(grid)
+    starts: list[Any] = []
+    stops: list[Any] = []
+    mask = np.ones(count, dtype=bool)
+    for d, n in enumerate(spec.global_shape):
+        start = np.zeros(grid, dtype=np.int64)
+        length = np.full(grid, n, dtype=np.int64)
+        for m in order.get(d, ()):
+            k = sizes[m]
+            shape = [1] * len(grid)
+            shape[split.index(m)] = k
+            i = np.arange(k, dtype=np.int64).reshape(shape)
+            c = -(-length // k)
+            lo = np.minimum(i * c, length)
+            hi = np.minimum(i * c + c, length)
+            start = start + lo
+            length = hi - lo
+        start = np.broadcast_to(start, grid).reshape(-1)
+        length = np.broadcast_to(length, grid).reshape(-1)
+        mask &= length > 0
+        starts.append(start)
+        stops.append(start + length)
+    if not starts:
+        starts, stops = [np.zeros(count, dtype=np.int64)], [np.ones(count, dtype=np.int64)]
+    flat = np.flatnonzero(mask)
+    lo = np.stack([s[flat] for s in starts], axis=1)
+    hi = np.stack([s[flat] for s in stops], axis=1)
+    return flat, lo, hi
+
+
+def _product_boxes(runs: tuple[Runs, ...]) -> tuple[RunBox, ...]:
+    per_dim: list[list[tuple[tuple[int, int], int]]] = []
+    for rs in runs:
+        pos = 0
+        placed: list[tuple[tuple[int, int], int]] = []
+        for a, b in rs:
+            placed.append(((a, b), pos))
+            pos += b - a
+        if not placed:
+            return ()
+        per_dim.append(placed)
+    return tuple(
+        RunBox(tuple(r for r, _ in combo), tuple(p for _, p in combo))
+        for combo in itertools.product(*per_dim)
+    )
