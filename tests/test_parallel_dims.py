@@ -643,6 +643,30 @@ def test_value_object() -> None:
     assert "order='tp,cp,dp_shard,pp,dp_replicate'" in repr(pd)
 
 
+@SETTINGS
+@given(cfg=configs())
+def test_repr_round_trips(cfg: dict[str, Any]) -> None:
+    """``eval(repr(pd)) == pd`` for every order and rank list (issue 11: ranks were dropped)."""
+    pd = build(cfg)
+    text = repr(pd)
+    again = eval(text, {"ParallelDims": ParallelDims})
+    assert again == pd and again.rank_map == pd.rank_map, text
+    assert ("ranks=" in text) == (global_ranks(cfg) != list(range(cfg["world"])))
+
+
+def test_repr_of_a_permuted_order_keeps_the_ranks() -> None:
+    pd = ParallelDims(
+        8, dp_shard=2, tp=4, order="tp,cp,dp_shard,dp_replicate,pp", ranks=range(8, 16)
+    )
+    assert repr(pd).endswith("order='tp,cp,dp_shard,dp_replicate,pp', ranks=range(8, 16))")
+    assert eval(repr(pd)) == pd
+    assert "ranks=range(2047, -1, -1))" in repr(ParallelDims(2048, ranks=range(2047, -1, -1)))
+    perm = np.random.default_rng(3).permutation(2048).tolist()
+    assert "…" in repr(ParallelDims(2048, tp=2, ranks=perm))  # > REPR_RANKS_LIMIT: abridged
+    small = np.random.default_rng(3).permutation(1024).tolist()
+    assert eval(repr(ParallelDims(1024, tp=2, ranks=small))).rank_map == RankMap(small)
+
+
 def test_enabled() -> None:
     pd = ParallelDims(16, dp_replicate=2, dp_shard=2, tp=4, ep=2)
     assert [n for n in (*DENSE_DIMS, "ep", "etp", "efsdp") if pd.enabled(n)] == [

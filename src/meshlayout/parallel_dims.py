@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .inttuple import check_int, is_int
+from .inttuple import check_elements, check_int, is_int
 from .mesh import Mesh
 from .rank_map import MAX_WORLD, RankMap
 
@@ -200,8 +200,9 @@ class ParallelDims:
     def __repr__(self) -> str:
         degs = ", ".join(f"{k}={v}" for k, v in self._degrees.items() if k != "efsdp")
         extra = "" if self._order == DENSE_DIMS else f", order={','.join(self._order)!r}"
-        if self._rank_map.as_range() != range(self.world_size) and self._order == DENSE_DIMS:
-            extra += f", ranks={self._rank_map!r}"
+        ranks = _rank_space_ranks(self.world_size, self._degrees, self._order, self._rank_map)
+        if ranks.as_range() != range(self.world_size):
+            extra += f", ranks={_ranks_argument(ranks)}"
         return f"ParallelDims({self.world_size}, {degs}{extra})"
 
     def __eq__(self, other: object) -> bool:
@@ -547,10 +548,46 @@ def _dense_rank_map(
     base = RankMap(range(world) if ranks is None else ranks)
     if len(base) != world:
         raise ValueError(f"ranks has {len(base)} entries but world_size is {world}")
+    index = _rank_space_index(world, degrees, order)
+    return base if index is None else RankMap(base.take(index))
+
+
+def _rank_space_index(
+    world: int, degrees: Mapping[str, int], order: tuple[str, ...]
+) -> np.ndarray[Any, np.dtype[np.int64]] | None:
+    """Rank-space index of each canonical position; None when it is the identity."""
     # Only dims of size > 1 move ranks: skip the permutation when those keep their order.
     if [n for n in order if degrees[n] > 1] == [n for n in DENSE_DIMS if degrees[n] > 1]:
-        return base
+        return None
+    check_elements(world, f"a ParallelDims world with order {','.join(order)!r}")
     sizes_in_order = [degrees[n] for n in order]
     to_canonical = [order.index(n) for n in DENSE_DIMS]
     index = np.arange(world, dtype=np.int64).reshape(sizes_in_order).transpose(to_canonical)
-    return RankMap(base.take(index.reshape(-1)))
+    flat: np.ndarray[Any, np.dtype[np.int64]] = index.reshape(-1)
+    return flat
+
+
+def _rank_space_ranks(
+    world: int, degrees: Mapping[str, int], order: tuple[str, ...], rank_map: RankMap
+) -> RankMap:
+    """The ``ranks`` argument that rebuilds ``rank_map``: global ranks in rank-space order."""
+    index = _rank_space_index(world, degrees, order)
+    if index is None:
+        return rank_map
+    base = np.empty(world, dtype=np.int64)
+    base[index] = rank_map.to_numpy()
+    return RankMap(base)
+
+
+#: Longest explicit ``ranks`` list written out in full by ``repr(ParallelDims)``.
+REPR_RANKS_LIMIT = 1024
+
+
+def _ranks_argument(ranks: RankMap) -> str:
+    """``ranks`` as constructor text: a range, or a full list up to :data:`REPR_RANKS_LIMIT`."""
+    rng = ranks.as_range()
+    if rng is not None:
+        return str(rng)
+    if len(ranks) <= REPR_RANKS_LIMIT:
+        return str(list(ranks))
+    return repr(ranks)  # abridged (not evaluable): the full list would be unreadable
