@@ -1,0 +1,117 @@
+"""Exact checkpoints on ``torch.distributed.checkpoint`` (DCP): DESIGN.md §7.
+
+Every DTensor is saved as the chunks its ranks really hold (the nested shard order
+of FSDP2 / TP / redistribute, read by :class:`~meshlayout.sharding.ShardingSpec`),
+with true global offsets; loading fills each destination run box from exactly the
+saved chunks overlapping it, on any mesh, any number of processes, or into plain
+tensors on one process. The files are standard DCP. See ``docs/checkpoint.md``.
+
+Usage (every rank)::
+
+    from meshlayout.torch import checkpoint as mlcp
+
+    mlcp.save({"model": model.state_dict()}, "ckpt/step-100")
+    mlcp.load(state_dict, "ckpt/step-100")                    # in place
+    dcp.save(sd, checkpoint_id=p, planner=mlcp.ExactSavePlanner())   # any DCP caller
+    dcp.load(sd, checkpoint_id=p, planner=mlcp.ExactLoadPlanner())
+
+>>> from meshlayout.torch.checkpoint import ExactLoadPlanner, ExactSavePlanner, load, save
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from ._plan import Chunk, ChunkIndex, Read, Tiling, replica_dims, tiling, written_boxes
+from ._planners import ExactLoadPlanner, ExactSavePlanner, dtensor_spec
+
+__all__ = [
+    "Chunk",
+    "ChunkIndex",
+    "ExactLoadPlanner",
+    "ExactSavePlanner",
+    "Read",
+    "Tiling",
+    "dtensor_spec",
+    "load",
+    "replica_dims",
+    "save",
+    "tiling",
+    "written_boxes",
+]
+
+CheckpointId = str | os.PathLike[str]
+
+
+def _check_args(state_dict: object, checkpoint_id: object, storage: object, what: str) -> None:
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
+    if checkpoint_id is None and storage is None:
+        raise ValueError(f"{what}: give a checkpoint_id (a directory) or a storage object")
+    if checkpoint_id is not None and not isinstance(checkpoint_id, (str, os.PathLike)):
+        raise TypeError(
+            f"checkpoint_id must be a str or os.PathLike, got {type(checkpoint_id).__name__}"
+        )
+
+
+def _no_dist(no_dist: bool) -> bool:
+    return no_dist or not (dist.is_available() and dist.is_initialized())
+
+
+def save(
+    state_dict: dict[str, Any],
+    checkpoint_id: CheckpointId | None = None,
+    *,
+    storage_writer: Any = None,
+    process_group: Any = None,
+    no_dist: bool = False,
+    **planner_options: Any,
+) -> Metadata:
+    """``dcp.save`` with :class:`ExactSavePlanner`; returns the checkpoint's metadata.
+
+    Collective over the default group (or ``process_group``) unless ``no_dist`` or no
+    process group is initialised. ``planner_options`` go to the planner
+    (``DefaultSavePlanner``'s, e.g. ``dedup_save_to_lowest_rank=True``).
+    """
+    _check_args(state_dict, checkpoint_id, storage_writer, "save")
+    metadata: Metadata = dcp_save(
+        state_dict,
+        checkpoint_id=checkpoint_id,
+        storage_writer=storage_writer,
+        planner=ExactSavePlanner(**planner_options),
+        process_group=process_group,
+        no_dist=_no_dist(no_dist),
+    )
+    return metadata
+
+
+def load(
+    state_dict: dict[str, Any],
+    checkpoint_id: CheckpointId | None = None,
+    *,
+    storage_reader: Any = None,
+    process_group: Any = None,
+    no_dist: bool = False,
+    **planner_options: Any,
+) -> None:
+    """``dcp.load`` with :class:`ExactLoadPlanner`: fills ``state_dict`` in place.
+
+    Destinations may be DTensors of any sharding on any mesh and number of processes,
+    or plain tensors (``no_dist=True`` on one process gives full tensors).
+    ``planner_options`` go to the planner (e.g. ``allow_partial_load=True``).
+    """
+    _check_args(state_dict, checkpoint_id, storage_reader, "load")
+    dcp_load(
+        state_dict,
+        checkpoint_id=checkpoint_id,
+        storage_reader=storage_reader,
+        planner=ExactLoadPlanner(**planner_options),
+        process_group=process_group,
+        no_dist=_no_dist(no_dist),
+    )
