@@ -418,3 +418,128 @@ def test_subprocess_error_has_no_traceback() -> None:
         proc.stderr.strip()
         == "meshlayout plan: error: " + proc.stderr.strip().split(": error: ", 1)[1]
     )
+
+
+# ---------------------------------------------------------------------- huge worlds and limits
+TIB = 2**40  # ranks
+
+
+def _lines_with(out: str, start: str) -> list[str]:
+    return [line.strip() for line in out.splitlines() if line.strip().startswith(start)]
+
+
+def test_huge_mesh_text_is_abridged_in_bounded_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    """``mesh --shape 1048576,1048576`` (2**40 ranks) answers per rank, in bounded memory."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        code, out, err = run(["mesh", "--shape", "1048576,1048576", "--rank", str(TIB - 3)], capsys)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert code == 0 and err == "", err
+    assert peak < 64 * 2**20  # no O(world) allocation (2**40 ranks would be 8 TiB)
+    assert "rank map    range(0, 1099511627776)" in out
+    n, r = 2**20, TIB - 3
+    # dim0 groups are columns (stride 2**20), dim1 groups rows; rank r's by arithmetic
+    assert f"dim0  [{r % n}, {r % n + n}, .., {r}] ({n} ranks)" in out
+    assert f"dim1  [{r - r % n}, {r - r % n + 1}, .., {r - r % n + n - 1}] ({n} ranks)" in out
+    assert f"dim0 ({n} groups of {n}): [0, {n}, .., {TIB - n}] ({n} ranks); [1, " in out
+    assert "grid omitted" in out
+
+
+def test_huge_plan_text_per_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    r = 123_456_789
+    code, out, err = run(["plan", "--world", str(TIB), "--tp", "8", "--rank", str(r)], capsys)
+    assert code == 0 and err == ""
+    base = r - r % 8
+    tp = [f"{base + i}" for i in range(8)]
+    mine = out.split(f"rank {r}:")[1]
+    (tp_line,) = _lines_with(mine, "tp ")
+    assert tp_line.split()[1:3] == [f"tp={r % 8}", str(r // 8)]
+    assert tp_line.endswith("[" + ", ".join(tp) + "]")
+    (fsdp,) = _lines_with(mine, "fsdp ")
+    assert fsdp.endswith(f"[{r % 8}, {r % 8 + 8}, .., {TIB - 8 + r % 8}] ({TIB // 8} ranks)")
+    assert f".. {TIB // 8 - 7} more .." in out  # tp: first six and the last of 2**37 groups
+    last = TIB // 8 - 1
+    assert f"{last}: [{TIB - 8}, {TIB - 7}, " in out
+
+
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["plan", "--world", str(TIB), "--tp", "8", "--format", "json"], "--format json"),
+        (["plan", "--world", str(TIB), "--all-groups"], "--all-groups"),
+        (["plan", "--world", str(TIB), "--ranks-per-host", "8"], "--ranks-per-host 8"),
+        (["plan", "--world", str(TIB), "--svg", "x.svg"], "--svg 'x.svg'"),
+        (["plan", "--world", str(TIB), "--order", "tp,pp,dp_replicate,dp_shard,cp"], "--order"),
+        (["mesh", "--shape", "1048576,1048576", "--format", "json"], "--format json"),
+        (["mesh", "--shape", "1048576,1048576", "--html", "x.html"], "--html 'x.html'"),
+        (["shard", "--shape", "10", "--mesh", "1048576,1048576", "--placements", "R,R"], "--mesh"),
+        (
+            ["shard", "--shape", str(10**12), "--mesh", "2", "--placements", f"SS(0,{10**12})"],
+            "--shape",
+        ),
+    ],
+)
+def test_huge_answers_are_refused_naming_the_flag(
+    argv: list[str],
+    flag: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert flag in err and "limit" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_limit_both_sides_at_the_real_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    """Host counts over one view: allowed at exactly LIST_LIMIT ranks, refused just above."""
+    from meshlayout.render import LIST_LIMIT
+
+    at = ["plan", "--world", str(LIST_LIMIT), "--tp", "8", "--view", "tp", "--ranks-per-host", "8"]
+    code, out, err = run(at, capsys)
+    assert code == 0 and err == "" and "in host" in out
+    above = ["plan", "--world", str(LIST_LIMIT + 8), "--tp", "8", "--view", "tp"]
+    code, out, err = run([*above, "--ranks-per-host", "8"], capsys)
+    assert code == 2 and "--ranks-per-host 8" in err and str(LIST_LIMIT) in err
+    code, out, err = run(above, capsys)  # text without host counts: any size
+    assert code == 0 and err == ""
+
+
+@pytest.mark.parametrize(
+    "argv,limit",
+    [
+        (["plan", "--world", "16", "--tp", "4", "--format", "json"], 13 * 16),  # 13 views x 16
+        (["plan", "--world", "16", "--tp", "4", "--view", "tp", "--format", "json"], 16),
+        (["plan", "--world", "16", "--tp", "4", "--view", "tp,fsdp", "--svg", "p.svg"], 2 * 16),
+        (
+            ["mesh", "--shape", "4,4", "--format", "json"],
+            16 * (2 + 2),
+        ),  # rank map, sub-meshes, groups
+        (["mesh", "--shape", "4,4", "--svg", "m.svg"], 16),
+        (["shard", "--shape", "8,8", "--mesh", "4,4", "--placements", "S(0),S(1)"], 16 * 2),
+        (["shard", "--shape", "8", "--mesh", "2", "--placements", "SS(0,4)"], 2 * 4),
+    ],
+)
+def test_limit_both_sides(
+    argv: list[str],
+    limit: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each answer is allowed at exactly the limit and refused one below it."""
+    import meshlayout.render.reports as reports
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(reports, "LIST_LIMIT", limit)
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    monkeypatch.setattr(reports, "LIST_LIMIT", limit - 1)
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == "" and "limit" in err and len(err.strip().splitlines()) == 1, err

@@ -12,25 +12,32 @@ Pure: numpy only, no torch, no network. The ``meshlayout`` command
 - :mod:`~meshlayout.render.torch_view` — what torch 2.13 reports for a placement list.
 """
 
-from ._fmt import range_label, ranks_text
+from ._fmt import RankSample, range_label, ranks_text
 from ._svg import Svg, stack
 from .html import Section, html_page
 from .mesh_svg import mesh_picture, mesh_svg
 from .reports import (
+    LIST_LIMIT,
+    TooLargeError,
+    check_size,
     mesh_report,
     placement_text,
     plan_report,
+    runs_bound,
     same_groups,
     shard_report,
-    view_groups,
 )
 from .sharding_svg import sharding_picture, sharding_svg
 from .text import mesh_grid_text, mesh_text, plan_text, shard_grid_text, shard_text
 from .torch_view import torch_local_shape_and_offset, torch_spec_runs
 
 __all__ = [
+    "LIST_LIMIT",
+    "RankSample",
     "Section",
     "Svg",
+    "TooLargeError",
+    "check_size",
     "html_page",
     "mesh_grid_text",
     "mesh_picture",
@@ -42,6 +49,7 @@ __all__ = [
     "plan_text",
     "range_label",
     "ranks_text",
+    "runs_bound",
     "same_groups",
     "shard_grid_text",
     "shard_report",
@@ -51,5 +59,4 @@ __all__ = [
     "stack",
     "torch_local_shape_and_offset",
     "torch_spec_runs",
-    "view_groups",
 ]

@@ -4,12 +4,54 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-__all__ = ["coord_text", "range_label", "ranks_text", "runs_text", "table"]
+__all__ = [
+    "RankSample",
+    "coord_text",
+    "holders_text",
+    "range_label",
+    "ranks_text",
+    "runs_text",
+    "table",
+]
+
+#: Ranks a :class:`RankSample` keeps from the start of its list: enough for ``ranks_text(.., 16)``.
+SAMPLE_HEAD = 17
 
 
-def ranks_text(ranks: Sequence[int], limit: int = 8) -> str:
-    """A rank list, abridged: ``[0, 8, .., 56]`` for long progressions.
+@dataclass(frozen=True)
+class RankSample:
+    """A rank list known by its length, first ranks, last rank and common step.
+
+    What :func:`ranks_text` needs, so a group of 2**40 ranks can be shown without
+    listing it. ``step`` is the common difference when the list is an arithmetic
+    progression (and has at least two ranks), else None.
+
+    >>> RankSample.of(range(0, 4096, 2))
+    RankSample(size=2048, first=(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32), \
+last=4094, step=2)
+    """
+
+    size: int
+    first: tuple[int, ...]
+    last: int
+    step: int | None
+
+    @classmethod
+    def of(cls, ranks: Sequence[int]) -> RankSample:
+        """The sample of a whole list (O(len))."""
+        xs = [int(r) for r in ranks]
+        if not xs:
+            raise ValueError("a rank list to sample must not be empty")
+        step: int | None = xs[1] - xs[0] if len(xs) > 1 else None
+        if step == 0 or any(b - a != step for a, b in itertools.pairwise(xs)):
+            step = None
+        return cls(len(xs), tuple(xs[:SAMPLE_HEAD]), xs[-1], step)
+
+
+def ranks_text(ranks: Sequence[int] | RankSample, limit: int = 8) -> str:
+    """A rank list (or a :class:`RankSample`), abridged: ``[0, 8, .., 56]`` for long progressions.
 
     >>> ranks_text([0, 1, 2, 3])
     '[0, 1, 2, 3]'
@@ -20,15 +62,29 @@ def ranks_text(ranks: Sequence[int], limit: int = 8) -> str:
     >>> ranks_text([5, 3, 9, 1, 7, 2, 8, 0, 4, 6, 11])
     '[5, 3, 9, 1, 7, 2, .. +5] (11 ranks)'
     """
-    xs = [int(r) for r in ranks]
-    n = len(xs)
+    sample = ranks if isinstance(ranks, RankSample) else RankSample.of(ranks)
+    n, xs = sample.size, sample.first
     if n <= max(limit + 1, 3):
+        if len(xs) < n:
+            raise ValueError(f"{sample} keeps {len(xs)} ranks, too few to list {n}")
         return "[" + ", ".join(map(str, xs)) + "]"
-    step = xs[1] - xs[0]
-    if step != 0 and all(b - a == step for a, b in itertools.pairwise(xs)):
-        return f"[{xs[0]}, {xs[1]}, .., {xs[-1]}] ({n} ranks)"
+    if sample.step is not None:
+        return f"[{xs[0]}, {xs[1]}, .., {sample.last}] ({n} ranks)"
     head = ", ".join(map(str, xs[: limit - 2]))
     return f"[{head}, .. +{n - limit + 2}] ({n} ranks)"
+
+
+def holders_text(holders: Sequence[int]) -> str:
+    """The ranks holding one tensor element, in a grid cell: ``.``, ``3``, ``3,5``, ``3+2``.
+
+    >>> holders_text([]), holders_text([3, 5]), holders_text([3, 5, 7])
+    ('.', '3,5', '3+2')
+    """
+    if not holders:
+        return "."
+    if len(holders) <= 2:
+        return ",".join(map(str, holders))
+    return f"{holders[0]}+{len(holders) - 1}"
 
 
 def range_label(ranks: Sequence[int]) -> str:

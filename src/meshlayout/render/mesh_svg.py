@@ -20,6 +20,7 @@ import numpy.typing as npt
 from ..mesh import Mesh
 from ._fmt import coord_text, range_label, ranks_text
 from ._svg import Svg, Swatch, fill_colour, stroke_colour
+from .reports import check_size
 
 __all__ = ["mesh_picture", "mesh_svg"]
 
@@ -87,7 +88,8 @@ class _Groups:
 
 def _as_groups(view: Mesh | IntArray | Sequence[Sequence[int]]) -> IntArray:
     if isinstance(view, Mesh):
-        return np.asarray(view.submeshes()).reshape(view.num_submeshes, view.size())
+        check_size(len(view.rank_map), "a picture colours every group of the view")
+        return view.group_table()
     arr = np.asarray(view, dtype=np.int64)
     return arr.reshape(arr.shape[0], -1)
 
@@ -138,6 +140,7 @@ def mesh_picture(
     wrap: int = 64,
 ) -> Svg:
     """The picture behind :func:`mesh_svg`, as an :class:`Svg` (for stacking)."""
+    check_size(len(mesh.rank_map), "a picture draws every rank of the mesh")
     grid = _grid(mesh, rank, max_cells)
     colour_by_host = view_groups is None and ranks_per_host is not None
     if view_groups is not None:

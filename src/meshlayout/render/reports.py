@@ -1,10 +1,17 @@
 """JSON-ready reports behind ``meshlayout plan|mesh|shard`` (stable keys: docs/cli.md).
 
-Every value is a plain ``dict``/``list``/``int``/``str``/``bool``/``None``.
+Every value of a *complete* report (the default, what ``--format json`` prints)
+is a plain ``dict``/``list``/``int``/``str``/``bool``/``None``. Complete reports
+list every group, so they are refused (:class:`TooLargeError`) beyond
+:data:`LIST_LIMIT` ranks. A *sampled* report (``complete=False``, what the text
+output is made from) lists only the groups the text shows, each as a
+:class:`~meshlayout.render._fmt.RankSample`, computed per group in O(ndim) per
+rank shown: it works for any world size.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,30 +19,72 @@ import numpy as np
 
 from ..mesh import Mesh
 from ..parallel_dims import VIEWS, ParallelDims
-from ..sharding import Placement, Replicate, Shard, ShardingSpec, StridedShard
+from ..sharding import (
+    Placement,
+    Replicate,
+    Shard,
+    ShardingSpec,
+    StridedShard,
+    placement_steps,
+)
+from ._groups import (
+    SHOW_GROUPS,
+    group_index,
+    group_sample,
+    rank_map_sample,
+    shown_group_indices,
+)
 from .torch_view import torch_local_shape_and_offset, torch_spec_runs
 
 __all__ = [
+    "LIST_LIMIT",
     "MESH_SCHEMA",
     "PLAN_SCHEMA",
     "SHARD_SCHEMA",
-    "group_hosts",
+    "TooLargeError",
+    "check_size",
     "mesh_report",
     "placement_text",
     "plan_report",
+    "runs_bound",
     "same_groups",
     "shard_report",
-    "view_groups",
 ]
 
 PLAN_SCHEMA = "meshlayout.plan/1"
 MESH_SCHEMA = "meshlayout.mesh/1"
 SHARD_SCHEMA = "meshlayout.shard/1"
 
+#: Most numbers (ranks, runs) an answer may enumerate: complete reports, host
+#: counts and pictures beyond it are refused; sampled text reports are not.
+LIST_LIMIT = 1 << 22
+#: Sub-meshes up to this many ranks are drawn as a grid in the text output.
+GRID_CELLS = 512
 
-def view_groups(mesh: Mesh) -> np.ndarray[Any, np.dtype[np.int64]]:
-    """Every sub-mesh of ``mesh`` flattened row-major: shape ``(num_groups, group_size)``."""
-    return np.asarray(mesh.submeshes()).reshape(mesh.num_submeshes, mesh.size())
+
+class TooLargeError(ValueError):
+    """An answer that would enumerate more than :data:`LIST_LIMIT` numbers (ranks, runs).
+
+    Raised for the size of the request, never for a bug: the command line turns it
+    into a one-line error naming the flag that asked for the answer.
+    """
+
+
+def check_size(count: int, what: str, unit: str = "ranks", *, limit: int | None = None) -> None:
+    """:class:`TooLargeError` naming ``what`` if ``count`` exceeds ``limit`` (default LIST_LIMIT).
+
+    >>> check_size(2**40, "the plan's groups")
+    Traceback (most recent call last):
+    ...
+    meshlayout.render.reports.TooLargeError: the plan's groups: 1099511627776 ranks, more than \
+the limit of 4194304 (meshlayout.render.LIST_LIMIT); the text output abridges any size
+    """
+    limit = LIST_LIMIT if limit is None else limit
+    if count > limit:
+        raise TooLargeError(
+            f"{what}: {count} {unit}, more than the limit of {limit} "
+            "(meshlayout.render.LIST_LIMIT); the text output abridges any size"
+        )
 
 
 def same_groups(a: Mesh, b: Mesh) -> bool:
@@ -50,52 +99,38 @@ def same_groups(a: Mesh, b: Mesh) -> bool:
     return a.rank_map == b.rank_map and a.flatten("g") == b.flatten("g")
 
 
-def group_hosts(groups: np.ndarray[Any, Any], ranks_per_host: int) -> np.ndarray[Any, Any]:
-    """Number of distinct hosts (``rank // ranks_per_host``) each group touches."""
-    hosts = np.sort(groups // ranks_per_host, axis=1)
-    out: np.ndarray[Any, Any] = 1 + np.count_nonzero(np.diff(hosts, axis=1), axis=1)
-    return out
-
-
 def plan_report(
     pd: ParallelDims,
     *,
     views: Sequence[str] | None = None,
     rank: int | None = None,
     ranks_per_host: int | None = None,
+    complete: bool = True,
 ) -> dict[str, Any]:
-    """Every (or the chosen) view of ``pd``: shape, groups, host crossings, ``rank``'s place."""
+    """Every (or the chosen) view of ``pd``: shape, groups, host crossings, ``rank``'s place.
+
+    ``complete=False`` gives the sampled report :func:`plan_text` shows (any world
+    size). Host counts need every group: :class:`TooLargeError` past LIST_LIMIT.
+
+    >>> rep = plan_report(ParallelDims(16, tp=4), rank=5, ranks_per_host=8)
+    >>> tp = rep["views"]["tp"]
+    >>> tp["groups"][1], tp["rank"]["group_index"], tp["hosts_spanned"], tp["same_groups_as"]
+    ([4, 5, 6, 7], 1, 1, None)
+    """
+    world = pd.world_size
     names = list(VIEWS) if views is None else list(views)
+    if complete or ranks_per_host is not None:
+        what = f"every group of {len(names)} views of {world} ranks"
+        check_size(world * len(names), what, "numbers")
     out_views: dict[str, Any] = {}
     for name in names:
         mesh = pd.mesh(name)
-        groups = view_groups(mesh)
-        entry: dict[str, Any] = {
-            "purpose": VIEWS[name],
-            "dims": list(mesh.names),
-            "shape": list(mesh.shape),
-            "group_size": mesh.size(),
-            "num_groups": mesh.num_submeshes,
-            "groups": groups.tolist(),
-            "hosts_spanned": None,
-            "crossing_groups": None,
-            "rank": None,
-        }
-        if ranks_per_host is not None:
-            spans = group_hosts(groups, ranks_per_host)
-            entry["hosts_spanned"] = int(spans.max())
-            entry["crossing_groups"] = int(np.count_nonzero(spans > 1))
-        if rank is not None:
-            coord = mesh.coordinate(rank)
-            member = mesh.submesh(rank).reshape(-1).tolist()
-            index = int(np.flatnonzero((groups == member[0]).any(axis=1))[0])
-            entry["rank"] = {
-                "coordinate": list(coord or ()),
-                "group_index": index,
-                "group": member,
-            }
+        entry = _view_entry(mesh, rank, ranks_per_host, complete)
+        entry["purpose"] = VIEWS[name]
+        entry["same_groups_as"] = next(
+            (n for n in out_views if same_groups(pd.mesh(n), mesh)), None
+        )
         out_views[name] = entry
-    world = pd.world_size
     return {
         "schema": PLAN_SCHEMA,
         "world_size": world,
@@ -108,11 +143,68 @@ def plan_report(
     }
 
 
-def mesh_report(
-    mesh: Mesh, *, operations: Sequence[tuple[str, str]] = (), rank: int | None = None
+def _view_entry(
+    mesh: Mesh, rank: int | None, ranks_per_host: int | None, complete: bool
 ) -> dict[str, Any]:
-    """A mesh (a family of sub-meshes): shape, layout, every sub-mesh and group."""
+    """One view of a plan report (see :func:`plan_report`)."""
+    spans = None if ranks_per_host is None else mesh.hosts_spanned(ranks_per_host)
+    entry: dict[str, Any] = {
+        "purpose": "",
+        "dims": list(mesh.names),
+        "shape": list(mesh.shape),
+        "group_size": mesh.size(),
+        "num_groups": mesh.num_submeshes,
+        "same_groups_as": None,
+        "groups": mesh.group_table().tolist() if complete else None,
+        "group_hosts": None if spans is None or not complete else spans.tolist(),
+        "hosts_spanned": None if spans is None else int(spans.max()),
+        "crossing_groups": None if spans is None else int(np.count_nonzero(spans > 1)),
+        "rank": None,
+    }
+    if not complete:
+        entry["sample_groups"] = [
+            {
+                "index": i,
+                "ranks": group_sample(mesh, i),
+                "hosts": None if spans is None else int(spans[i]),
+            }
+            for i in shown_group_indices(mesh.num_submeshes)
+        ]
+    if rank is not None:
+        index = group_index(mesh, rank)
+        entry["rank"] = {
+            "coordinate": list(mesh.coordinate(rank) or ()),
+            "group_index": index,
+            "group": mesh.submesh(rank).reshape(-1).tolist()
+            if complete
+            else group_sample(mesh, index),
+            "hosts": None if spans is None else int(spans[index]),
+        }
+    return entry
+
+
+def mesh_report(
+    mesh: Mesh,
+    *,
+    operations: Sequence[tuple[str, str]] = (),
+    rank: int | None = None,
+    complete: bool = True,
+) -> dict[str, Any]:
+    """A mesh (a family of sub-meshes): shape, layout, every sub-mesh and group.
+
+    ``complete=False`` gives the sampled report :func:`mesh_text` shows: the rank
+    map, the first groups along each dim and ``rank``'s groups as
+    :class:`~meshlayout.render._fmt.RankSample`, sub-meshes only up to GRID_CELLS
+    ranks (``first_submesh``); any world size.
+    """
+    world = len(mesh.rank_map)
+    if complete:
+        what = (
+            f"a complete report of {world} ranks (rank map, sub-meshes, groups of {mesh.ndim} dims)"
+        )
+        check_size(world * (2 + mesh.ndim), what, "numbers")
     rng = mesh.rank_map.as_range()
+    views = {n: mesh[n] for n in mesh.names}
     report: dict[str, Any] = {
         "schema": MESH_SCHEMA,
         "dims": list(mesh.names),
@@ -121,21 +213,37 @@ def mesh_report(
         "num_submeshes": mesh.num_submeshes,
         "layout": str(mesh.layout),
         "axes": [str(a) for a in mesh.axes],
-        "rank_map": [int(r) for r in mesh.rank_map],
+        "rank_map": [int(r) for r in mesh.rank_map] if complete else rank_map_sample(mesh.rank_map),
         "rank_map_range": None if rng is None else [rng.start, rng.stop, rng.step],
         "operations": [{"op": op, "arg": arg} for op, arg in operations],
-        "submeshes": np.asarray(mesh.submeshes()).tolist(),
-        "groups": {n: np.asarray(mesh.groups(n)).tolist() for n in mesh.names},
+        "num_groups": {n: v.num_submeshes for n, v in views.items()},
         "rank": None,
     }
+    if complete:
+        report["submeshes"] = mesh.submeshes().tolist()
+        report["groups"] = {n: v.group_table().tolist() for n, v in views.items()}
+    else:
+        report["submeshes"] = None
+        report["groups"] = {
+            n: [group_sample(v, i) for i in range(min(v.num_submeshes, SHOW_GROUPS))]
+            for n, v in views.items()
+        }
+        small = mesh.size() <= GRID_CELLS
+        report["first_submesh"] = mesh.submesh(mesh.rank_map[0]).tolist() if small else None
     if rank is not None:
         coord = mesh.coordinate(rank)
-        assert coord is not None
+        if coord is None:
+            raise ValueError(f"rank {rank} is not in {mesh!r}")
+        groups: dict[str, Any] = {
+            n: list(mesh.group(rank, n)) if complete else group_sample(v, group_index(v, rank))
+            for n, v in views.items()
+        }
+        small = complete or mesh.size() <= GRID_CELLS
         report["rank"] = {
             "rank": rank,
             "coordinate": list(coord),
-            "groups": {n: list(mesh.group(rank, n)) for n in mesh.names},
-            "submesh": mesh.submesh(rank).tolist(),
+            "groups": groups,
+            "submesh": mesh.submesh(rank).tolist() if small else None,
         }
     return report
 
@@ -156,14 +264,36 @@ def placement_text(p: Placement) -> str:
     return f"P({p.reduce_op})"
 
 
-def _mesh_ranks(mesh: Mesh) -> list[int]:
-    return [int(r) for r in np.asarray(mesh.submeshes()).reshape(-1)]
+def runs_bound(spec: ShardingSpec) -> int:
+    """An upper bound on the runs a :func:`shard_report` of ``spec`` lists (ours and torch's).
+
+    Per rank and tensor dim: at most the extent, and at most the product of the
+    split factors of the steps on that dim (each literal split adds fewer than
+    ``split_factor`` runs). Times the number of ranks.
+
+    >>> from meshlayout.sharding import Shard, StridedShard
+    >>> mesh = Mesh({"dp": 3, "tp": 2})
+    >>> runs_bound(ShardingSpec((7, 4), mesh, [StridedShard(0, 2), Shard(0)]))  # 6 * (2 + 1)
+    18
+    """
+    mesh = spec.mesh
+    assert isinstance(mesh, Mesh)
+    steps = placement_steps(spec.placements(), mesh.shape, len(spec.global_shape))
+    per_rank = 0
+    for n, dim_steps in zip(spec.global_shape, steps):
+        pieces = math.prod(sf for _, _, sf in dim_steps)
+        per_rank += min(max(n, 1), pieces)
+    return len(mesh.rank_map) * per_rank
 
 
 def shard_report(spec: ShardingSpec, *, given: Sequence[Placement] | None = None) -> dict[str, Any]:
-    """Per rank: runs, local shape, offset, box; the shard order; torch 2.13's view."""
+    """Per rank: runs, local shape, offset, box; the shard order; torch 2.13's view.
+
+    :class:`TooLargeError` if :func:`runs_bound` exceeds LIST_LIMIT.
+    """
     mesh = spec.mesh
     assert isinstance(mesh, Mesh)
+    check_size(runs_bound(spec), "the sharding report lists every run of every rank", "runs")
     order = (
         {str(d): [mesh.names[m] for m in ms] for d, ms in spec.shard_order().items()}
         if spec.decodable
@@ -171,7 +301,7 @@ def shard_report(spec: ShardingSpec, *, given: Sequence[Placement] | None = None
     )
     ranks = []
     differ = []
-    for r in _mesh_ranks(mesh):
+    for r in mesh.group_table().reshape(-1).tolist():
         runs = spec.local_runs(r)
         box = spec.is_box(r)
         t_runs = torch_spec_runs(spec, r)

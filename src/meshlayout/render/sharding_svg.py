@@ -14,7 +14,7 @@ import numpy as np
 from ..sharding import ShardingSpec
 from ._fmt import coord_text, runs_text
 from ._svg import Svg, fill_colour, stroke_colour
-from .reports import placement_text
+from .reports import check_size, placement_text, runs_bound
 from .torch_view import torch_spec_runs
 
 __all__ = ["sharding_picture", "sharding_svg"]
@@ -42,6 +42,7 @@ def sharding_picture(
     size: float = 560,
 ) -> Svg:
     """The picture behind :func:`sharding_svg`, as an :class:`Svg`."""
+    check_size(runs_bound(spec), "a sharding picture draws every run of every rank", "runs")
     mesh = spec.mesh
     ranks = [int(r) for r in np.asarray(mesh.submeshes()).reshape(-1)]
     runs_of: RunsOf = (lambda r: torch_spec_runs(spec, r)) if torch_view else spec.local_runs

@@ -7,11 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from ._fmt import coord_text, ranks_text, runs_text, table
+from ._fmt import RankSample, coord_text, holders_text, ranks_text, runs_text, table
+from ._groups import SHOW_GROUPS, shown_group_indices
+from .reports import GRID_CELLS
 
 __all__ = ["mesh_grid_text", "mesh_text", "plan_text", "shard_grid_text", "shard_text"]
 
-SHOW_GROUPS = 6  # groups listed per view before abridging
+Ranks = Sequence[int] | RankSample
 
 
 def _shape_text(dims: Sequence[str], shape: Sequence[int]) -> str:
@@ -27,17 +29,21 @@ def _hosts_cell(v: dict[str, Any]) -> str:
     return f"crosses {k} ({v['crossing_groups']}/{v['num_groups']} groups)"
 
 
-def plan_text(report: dict[str, Any], *, all_groups: bool = False) -> str:
-    """The ``plan`` report as text: a view table, each view's groups, ``rank``'s place."""
-    d = report["degrees"]
-    degs = ", ".join(f"{k}={v}" for k, v in d.items() if k != "efsdp")
-    lines = [f"ParallelDims({report['world_size']}, {degs})  ->  efsdp={d['efsdp']}"]
-    where = f"order {' > '.join(report['order'])} (outermost first)"
-    rph = report["ranks_per_host"]
-    if rph is not None:
-        where += f"; {rph} ranks per host, {report['num_hosts']} hosts"
-    lines += [where, ""]
-    hosts = rph is not None
+def _listed_groups(v: dict[str, Any], all_groups: bool) -> list[tuple[int, Ranks, int | None]]:
+    """(index, ranks, hosts touched or None) of the groups to list for one view."""
+    groups = v["groups"]
+    if groups is None:  # a sampled report
+        if all_groups:
+            raise ValueError("all_groups=True needs a complete report: plan_report(complete=True)")
+        return [(g["index"], g["ranks"], g["hosts"]) for g in v["sample_groups"]]
+    hosts = v.get("group_hosts")
+    n = len(groups)
+    shown = range(n) if all_groups else shown_group_indices(n)
+    return [(i, groups[i], None if hosts is None else hosts[i]) for i in shown]
+
+
+def _plan_table(report: dict[str, Any]) -> str:
+    hosts = report["ranks_per_host"] is not None
     head = ["view", "shape", "size", "groups"] + (["hosts"] if hosts else []) + ["purpose"]
     rows = [head]
     for name, v in report["views"].items():
@@ -45,50 +51,65 @@ def plan_text(report: dict[str, Any], *, all_groups: bool = False) -> str:
         if hosts:
             row.append(_hosts_cell(v))
         rows.append([*row, v["purpose"]])
-    lines.append(table(rows))
-    lines += ["", "groups" + ("  (* = crosses hosts)" if hosts else "") + ":"]
-    listed: dict[str, Any] = {}
+    return table(rows)
+
+
+def _plan_groups(report: dict[str, Any], all_groups: bool) -> list[str]:
+    hosts = report["ranks_per_host"] is not None
+    lines = ["groups" + ("  (* = crosses hosts)" if hosts else "") + ":"]
     for name, v in report["views"].items():
-        groups = v["groups"]
-        n = len(groups)
+        n = v["num_groups"]
         heading = f"  {name}: {n} group{'s' * (n != 1)} of {v['group_size']}"
-        same = next((k for k, g in listed.items() if g == groups), None)
         if v["group_size"] == 1 and not all_groups:
             lines.append(f"{heading} (every rank alone)")
             continue
-        if same is not None and not all_groups:
-            lines.append(f"{heading}: the same groups as {same}")
+        if v["same_groups_as"] is not None and not all_groups:
+            lines.append(f"{heading}: the same groups as {v['same_groups_as']}")
             continue
-        listed[name] = groups
         lines.append(heading)
-        shown = range(n) if all_groups or n <= SHOW_GROUPS + 2 else [*range(SHOW_GROUPS), n - 1]
         prev = -1
-        for i in shown:
+        for i, ranks, touched in _listed_groups(v, all_groups):
             if i != prev + 1:
                 lines.append(f"      .. {i - prev - 1} more ..")
-            mark = ""
-            if hosts and len({r // rph for r in groups[i]}) > 1:
-                mark = " *"
-            lines.append(f"    {i:>4}: {ranks_text(groups[i])}{mark}")
+            mark = " *" if touched is not None and touched > 1 else ""
+            lines.append(f"    {i:>4}: {ranks_text(ranks)}{mark}")
             prev = i
-    r = report["rank"]
-    if r is not None:
-        lines += ["", f"rank {r}:"]
-        rows = [["view", "coordinate", "group #", "group"]]
-        for name, v in report["views"].items():
-            me = v["rank"]
-            mark = ""
-            if hosts and len({x // rph for x in me["group"]}) > 1:
-                mark = " *"
-            rows.append(
-                [
-                    name,
-                    coord_text(v["dims"], me["coordinate"]),
-                    str(me["group_index"]),
-                    ranks_text(me["group"], 16) + mark,
-                ]
-            )
-        lines.append(table(rows, indent="  "))
+    return lines
+
+
+def _plan_rank(report: dict[str, Any]) -> list[str]:
+    rows = [["view", "coordinate", "group #", "group"]]
+    for name, v in report["views"].items():
+        me = v["rank"]
+        mark = " *" if me["hosts"] is not None and me["hosts"] > 1 else ""
+        rows.append(
+            [
+                name,
+                coord_text(v["dims"], me["coordinate"]),
+                str(me["group_index"]),
+                ranks_text(me["group"], 16) + mark,
+            ]
+        )
+    return [f"rank {report['rank']}:", table(rows, indent="  ")]
+
+
+def plan_text(report: dict[str, Any], *, all_groups: bool = False) -> str:
+    """The ``plan`` report as text: a view table, each view's groups, ``rank``'s place.
+
+    Takes a complete or a sampled report (:func:`~meshlayout.render.plan_report`);
+    ``all_groups`` needs a complete one.
+    """
+    d = report["degrees"]
+    degs = ", ".join(f"{k}={v}" for k, v in d.items() if k != "efsdp")
+    lines = [f"ParallelDims({report['world_size']}, {degs})  ->  efsdp={d['efsdp']}"]
+    where = f"order {' > '.join(report['order'])} (outermost first)"
+    rph = report["ranks_per_host"]
+    if rph is not None:
+        where += f"; {rph} ranks per host, {report['num_hosts']} hosts"
+    lines += [where, "", _plan_table(report), ""]
+    lines += _plan_groups(report, all_groups)
+    if report["rank"] is not None:
+        lines += ["", *_plan_rank(report)]
     return "\n".join(lines)
 
 
@@ -118,8 +139,11 @@ def mesh_grid_text(dims: Sequence[str], sub: Any, *, mark: int | None = None) ->
     return "\n\n".join(blocks)
 
 
-def mesh_text(report: dict[str, Any], *, max_cells: int = 512) -> str:
-    """The ``mesh`` report as text: dims, layout, groups per dim, a grid of the sub-mesh."""
+def mesh_text(report: dict[str, Any], *, max_cells: int = GRID_CELLS) -> str:
+    """The ``mesh`` report as text: dims, layout, groups per dim, a grid of the sub-mesh.
+
+    Takes a complete or a sampled report (:func:`~meshlayout.render.mesh_report`).
+    """
     dims, shape = report["dims"], report["shape"]
     lines = [f"Mesh({_shape_text(dims, shape).replace(' x ', ', ')})"]
     rng = report["rank_map_range"]
@@ -131,33 +155,26 @@ def mesh_text(report: dict[str, Any], *, max_cells: int = 512) -> str:
     for op in report["operations"]:
         lines.append(f"  applied     --{op['op']} {op['arg']}")
     lines += ["", "groups per dim:"]
-    for n, groups in report["groups"].items():
-        k = len(groups)
-        shown = [*range(min(k, SHOW_GROUPS))]
-        body = "; ".join(ranks_text(g) for g in (groups[i] for i in shown))
+    for i, (n, groups) in enumerate(report["groups"].items()):
+        k = report["num_groups"][n]
+        shown = groups[: min(k, SHOW_GROUPS)]
+        body = "; ".join(ranks_text(g) for g in shown)
         more = f"; .. +{k - len(shown)} more" if k > len(shown) else ""
-        lines.append(f"  {n} ({k} groups of {len(groups[0])}): {body}{more}")
+        lines.append(f"  {n} ({k} groups of {shape[i]}): {body}{more}")
     r = report["rank"]
     if r is not None:
         lines += ["", f"rank {r['rank']}: coordinate {coord_text(dims, r['coordinate'])}"]
         lines.append(table([[n, ranks_text(g, 16)] for n, g in r["groups"].items()], "  "))
         sub, title = r["submesh"], f"sub-mesh of rank {r['rank']}"
     else:
-        sub, title = report["submeshes"][0], "sub-mesh 0" if subs > 1 else "ranks"
-    if report["size"] <= max_cells:
+        first = report["first_submesh"] if report["submeshes"] is None else report["submeshes"][0]
+        sub, title = first, "sub-mesh 0" if subs > 1 else "ranks"
+    if report["size"] <= max_cells and sub is not None:
         mark = None if r is None else r["rank"]
         lines += ["", f"{title}:", mesh_grid_text(dims, sub, mark=mark)]
     else:
         lines += ["", f"{title}: {report['size']} ranks (grid omitted; use --format json or --svg)"]
     return "\n".join(lines)
-
-
-def _holders_text(holders: Sequence[int]) -> str:
-    if not holders:
-        return "."
-    if len(holders) <= 2:
-        return ",".join(map(str, holders))
-    return f"{holders[0]}+{len(holders) - 1}"
 
 
 def shard_grid_text(report: dict[str, Any], *, max_rows: int = 32, max_cols: int = 16) -> str:
@@ -180,9 +197,7 @@ def shard_grid_text(report: dict[str, Any], *, max_rows: int = 32, max_cols: int
         else [["", *map(str, range(cols))]]
     )
     for i in range(rows):
-        grid.append(
-            [str(i) if len(shape) == 2 else "ranks", *(_holders_text(o) for o in owners[i])]
-        )
+        grid.append([str(i) if len(shape) == 2 else "ranks", *(holders_text(o) for o in owners[i])])
     return table(grid)
 
 

@@ -7,7 +7,7 @@ extent of ``d`` into ``sf`` pieces (``torch.chunk`` rule), chunk each piece into
 mesh dim's size, and keep piece ``i`` of each. ``Shard`` is the ``sf == 1`` case.
 Its planner and FSDP2 use the nested shard order instead, so the two can disagree.
 
-The literal walk itself is :func:`meshlayout.sharding.literal_runs`:
+The literal walk itself is :func:`meshlayout.sharding.torch_split_runs`:
 
 >>> from meshlayout import Mesh, ShardingSpec, Shard, StridedShard
 >>> spec = ShardingSpec((7,), Mesh({"dp": 3, "tp": 2}), [StridedShard(0, 2), Shard(0)])
@@ -17,7 +17,7 @@ The literal walk itself is :func:`meshlayout.sharding.literal_runs`:
 
 from __future__ import annotations
 
-from ..sharding import Shard, ShardingSpec, StridedShard, literal_runs
+from ..sharding import Shard, ShardingSpec, StridedShard, torch_split_runs
 
 __all__ = ["torch_local_shape_and_offset", "torch_spec_runs"]
 
@@ -26,21 +26,10 @@ Run = tuple[int, int]
 
 def torch_spec_runs(spec: ShardingSpec, rank: int) -> tuple[tuple[Run, ...], ...]:
     """Per tensor dim, the runs torch 2.13 assigns ``rank`` for ``spec.placements()``."""
-    mesh = spec.mesh
-    coord = mesh.coordinate(rank)
+    coord = spec.mesh.coordinate(rank)
     if coord is None:
         return tuple(() for _ in spec.global_shape)
-    sizes = tuple(int(s) for s in mesh.shape)
-    out = []
-    for d, n in enumerate(spec.global_shape):
-        steps = []
-        for m, p in enumerate(spec.placements()):
-            if isinstance(p, StridedShard) and p.dim == d:
-                steps.append((sizes[m], coord[m], p.split_factor))
-            elif isinstance(p, Shard) and p.dim == d:
-                steps.append((sizes[m], coord[m], 1))
-        out.append(literal_runs(n, steps))
-    return tuple(out)
+    return torch_split_runs(spec.global_shape, spec.mesh.shape, spec.placements(), coord)
 
 
 def torch_local_shape_and_offset(
