@@ -21,6 +21,7 @@ LAYERS = {
     "mesh": 2,
     "sharding": 2,
     "parallel_dims": 3,
+    "megatron": 3,
     "render": 3,
     "cli": 4,
     "cli_args": 4,

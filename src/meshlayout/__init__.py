@@ -12,6 +12,7 @@ Layers (a lower layer never imports a higher one):
 """
 
 from .layout import Layout, logical_divide, logical_product, make_layout
+from .megatron import MegatronDims
 from .mesh import Mesh
 from .parallel_dims import ParallelDims
 from .rank_map import RankMap
@@ -19,6 +20,7 @@ from .sharding import Partial, Replicate, Shard, ShardingSpec, StridedShard
 
 __all__ = [
     "Layout",
+    "MegatronDims",
     "Mesh",
     "ParallelDims",
     "Partial",

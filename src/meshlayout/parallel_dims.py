@@ -150,7 +150,7 @@ class ParallelDims:
         }
         degrees = _infer_dense(world, given)
         degrees["efsdp"] = _infer_efsdp(degrees)
-        parsed_order = _parse_order(order)
+        parsed_order = _parse_order(order, degrees)
         rank_map = _dense_rank_map(world, degrees, parsed_order, ranks)
         self._set_state(world, degrees, parsed_order, rank_map)
 
@@ -500,7 +500,10 @@ def _infer_efsdp(degrees: Mapping[str, int]) -> int:
 _ORDER_SEPARATORS = re.compile(r"[\s,\-]+")
 
 
-def _parse_order(order: Sequence[str] | str | None) -> tuple[str, ...]:
+def _parse_order(
+    order: Sequence[str] | str | None, degrees: Mapping[str, int] | None = None
+) -> tuple[str, ...]:
+    """The dense dims outermost first; dims of size 1 (per ``degrees``) may be left out."""
     if order is None:
         return DENSE_DIMS
     if isinstance(order, str):
@@ -517,6 +520,9 @@ def _parse_order(order: Sequence[str] | str | None) -> tuple[str, ...]:
         raise TypeError(f"order must contain dim names (str), got {list(parsed)!r}")
     if sorted(names) == sorted(DENSE_DIMS):
         return tuple(names)
+    size_one = [n for n in DENSE_DIMS if n not in names and degrees and degrees[n] == 1]
+    if degrees is not None and sorted(names + size_one) == sorted(DENSE_DIMS):
+        return _with_size_one_dims(names, size_one)
     problems = []
     unknown = [n for n in names if n not in DENSE_DIMS]
     if unknown:
@@ -526,19 +532,39 @@ def _parse_order(order: Sequence[str] | str | None) -> tuple[str, ...]:
         problems.append(f"repeated {repeated}")
     missing = [n for n in DENSE_DIMS if n not in names]
     if missing:
-        problems.append(f"missing {missing}")
+        big = [f"{n}={degrees[n]}" for n in missing if degrees and degrees[n] != 1]
+        only = f" (only dims of size 1 may be left out: {', '.join(big)})" if big else ""
+        problems.append(f"missing {missing}{only}")
     hint = ""
     if "dp" in names or "ep" in names:
         hint = (
             "; a Megatron order string lists the innermost dim first and uses 'dp' and "
             "'ep': reverse it, write 'dp' as 'dp_replicate,dp_shard' and drop 'ep' "
-            "(experts are carved from dp_shard*cp*tp), e.g. 'tp-cp-ep-dp-pp' is "
-            "'pp,dp_replicate,dp_shard,cp,tp'"
+            "(experts are carved from dp_shard*cp*tp)"
         )
+        if set(names) <= {"tp", "cp", "ep", "dp", "pp"}:
+            dense = [n for n in reversed(names) if n != "ep"]
+            as_ours = ",".join("dp_replicate,dp_shard" if n == "dp" else n for n in dense)
+            hint += f", e.g. {'-'.join(names)!r} is {as_ours!r}"
+        hint += "; meshlayout.MegatronDims reproduces Megatron's groups exactly, experts too"
     raise ValueError(
         f"order must be a permutation of {list(DENSE_DIMS)} (outermost first), got "
         f"{list(names)}: {', '.join(problems)}{hint}"
     )
+
+
+def _with_size_one_dims(names: Sequence[str], size_one: Sequence[str]) -> tuple[str, ...]:
+    """``names`` with the left-out size-1 dims put back, where they move no rank.
+
+    Each goes right after its nearest predecessor in :data:`DENSE_DIMS` (first
+    if none), so an order that keeps the canonical relative order completes to
+    :data:`DENSE_DIMS`: ``pp,dp_replicate,dp_shard,tp`` with ``cp=1`` is the default.
+    """
+    out = list(names)
+    for n in size_one:  # canonical order: every predecessor is already placed
+        before = DENSE_DIMS[: DENSE_DIMS.index(n)]
+        out.insert(max((out.index(b) + 1 for b in before if b in out), default=0), n)
+    return tuple(out)
 
 
 def _dense_rank_map(
