@@ -9,12 +9,16 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from meshlayout import Mesh, ParallelDims
+from mesh_reference import ModelMesh
 from meshlayout.cli import COMMANDS, main
 from meshlayout.cli_args import ArgError, parse_placements
-from meshlayout.sharding import Partial, Replicate, Shard, ShardingSpec, StridedShard
+from meshlayout.sharding import Partial, Replicate, Shard, StridedShard
+from parallel_dims_reference import DENSE, VIEW_DIMS
+from report_reference import hosts_touched, view_groups, view_rank
+from sharding_reference import reference_indices
 
 NS = "{http://www.w3.org/2000/svg}"
 
@@ -60,21 +64,23 @@ def test_plan_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert ".. 25 more .." not in out and "[31, 63]" in out
 
 
-def test_plan_json_matches_library(capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_json_matches_reference(capsys: pytest.CaptureFixture[str]) -> None:
     rep = run_json(
         [*PLAN, "--dp-replicate", "1", "--etp", "1", "--ranks-per-host", "8", "--rank", "13"],
         capsys,
     )
-    pd = ParallelDims(64, pp=2, cp=2, tp=4, ep=4)
+    degrees = {"pp": 2, "dp_replicate": 1, "dp_shard": 4, "cp": 2, "tp": 4, "ep": 4, "etp": 1}
     assert rep["schema"] == "meshlayout.plan/1"
-    assert rep["degrees"] == pd.degrees and rep["order"] == list(pd.order)
+    assert rep["degrees"] == {**degrees, "efsdp": 8} and rep["order"] == list(DENSE)
     assert rep["num_hosts"] == 8 and rep["rank"] == 13
-    assert list(rep["views"]) == list(pd.views())
-    for name, mesh in pd.views().items():
-        v = rep["views"][name]
-        assert v["groups"] == mesh.submeshes().reshape(mesh.num_submeshes, -1).tolist()
-        assert v["rank"]["coordinate"] == list(mesh.coordinate(13) or ())
-        assert v["rank"]["group"] == mesh.submesh(13).reshape(-1).tolist()
+    assert list(rep["views"]) == list(VIEW_DIMS)[:13]
+    for name, v in rep["views"].items():
+        groups = view_groups(64, degrees, None, None, name)
+        assert v["groups"] == groups
+        assert v["hosts_spanned"] == max(hosts_touched(g, 8) for g in groups)
+        coord, group = view_rank(64, degrees, None, None, name, 13)
+        assert v["rank"]["coordinate"] == coord and v["rank"]["group"] == group
+        assert v["rank"]["group_index"] == groups.index(group)
 
 
 def test_plan_order_and_view_filter(capsys: pytest.CaptureFixture[str]) -> None:
@@ -97,9 +103,12 @@ def test_plan_order_and_view_filter(capsys: pytest.CaptureFixture[str]) -> None:
         ],
         capsys,
     )
-    pd = ParallelDims(16, dp_shard=4, tp=4, order=order)
+    degrees = {"pp": 1, "dp_replicate": 1, "dp_shard": 4, "cp": 1, "tp": 4, "ep": 1, "etp": 1}
     assert list(rep["views"]) == ["tp", "fsdp"]
-    assert rep["views"]["tp"]["groups"] == pd.mesh("tp").groups("tp").tolist()
+    for name in ("tp", "fsdp"):
+        assert rep["views"][name]["groups"] == view_groups(
+            16, degrees, order.split(","), None, name
+        )
     assert rep["views"]["tp"]["groups"][0] == [0, 4, 8, 12]
 
 
@@ -131,25 +140,26 @@ def test_mesh_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     rep = run_json(
         ["mesh", "--shape", "pp=2,dp=4,tp=8", "--ranks", "2048:2112", "--rank", "2061"], capsys
     )
-    m = Mesh({"pp": 2, "dp": 4, "tp": 8}, ranks=range(2048, 2112))
+    m = ModelMesh.root((2, 4, 8), ("pp", "dp", "tp"), np.arange(2048, 2112))
     assert rep["schema"] == "meshlayout.mesh/1" and rep["rank_map_range"] == [2048, 2112, 1]
-    assert rep["groups"]["dp"] == m.groups("dp").tolist()
-    assert rep["rank"]["groups"]["tp"] == list(m.group(2061, "tp"))
+    assert rep["groups"]["dp"] == m.groups(1).tolist()
+    assert rep["rank"]["groups"]["tp"] == list(m.group(2061, 2))
     assert rep["rank"]["submesh"] == m.submesh(2061).tolist()
 
 
 def test_mesh_operations_in_argv_order(capsys: pytest.CaptureFixture[str]) -> None:
-    m = Mesh({"pp": 2, "dp": 4, "tp": 8})
+    m = ModelMesh.root((2, 4, 8), ("pp", "dp", "tp"), np.arange(64))
     rep = run_json(
         ["mesh", "--shape", "pp=2,dp=4,tp=8", "--slice", "tp,pp", "--rank", "13"], capsys
     )
     assert rep["dims"] == ["tp", "pp"] and rep["num_submeshes"] == 4
-    assert rep["submeshes"] == m["tp", "pp"].submeshes().tolist()
+    assert rep["submeshes"] == m.slice([2, 0]).submeshes().tolist()
     rep = run_json(["mesh", "--shape", "pp=2,dp=4,tp=8", "--flatten", "dp,tp=dp_tp"], capsys)
-    want = Mesh.concat([m["pp"], m["dp", "tp"].flatten("dp_tp")])
-    assert (
-        rep["dims"] == ["pp", "dp_tp"] and rep["groups"]["dp_tp"] == want.groups("dp_tp").tolist()
-    )
+    want = m.flatten_dims([1, 2], "dp_tp")
+    assert rep["dims"] == ["pp", "dp_tp"] and rep["groups"]["dp_tp"] == want.groups(1).tolist()
+    rep = run_json(["mesh", "--shape", "pp=2,dp=4,tp=8", "--flatten", "tp,pp=x"], capsys)
+    assert rep["dims"] == ["dp", "x"]  # placed where tp was, ranks in tp-then-pp order
+    assert rep["groups"]["x"] == m.flatten_dims([2, 0], "x").groups(1).tolist()
     rep = run_json(
         ["mesh", "--shape", "dp=4,tp=2", "--unflatten", "dp=2x2:rep,shard", "--flatten", "world"],
         capsys,
@@ -162,6 +172,7 @@ def test_mesh_operations_in_argv_order(capsys: pytest.CaptureFixture[str]) -> No
         ["mesh", "--shape", "dp=4,tp=2", "--flatten", "world", "--unflatten", "world=2x4"], capsys
     )
     assert rep["dims"] == ["world0", "world1"]
+    assert rep["groups"]["world1"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     rep = run_json(["mesh", "--shape", "dp=2,tp=2", "--ranks", "3,1,2,0", "--rank", "1"], capsys)
     assert rep["rank"]["groups"]["tp"] == [3, 1] and rep["rank_map_range"] is None
 
@@ -203,16 +214,18 @@ def test_shard_text_notes_torch(capsys: pytest.CaptureFixture[str]) -> None:
     assert "not decodable" in out and "[0:2)+[4:6)" in out and "NO" in out
 
 
-def test_shard_json_matches_spec(capsys: pytest.CaptureFixture[str]) -> None:
+def test_shard_json_matches_reference(capsys: pytest.CaptureFixture[str]) -> None:
     rep = run_json([*SHARD, "--placements", "[StridedShard(0, 2), Shard(dim=0)]"], capsys)
-    spec = ShardingSpec((7, 4), Mesh({"dp": 3, "tp": 2}), [StridedShard(0, 2), Shard(0)])
+    placements = [StridedShard(0, 2), Shard(0)]
     assert rep["schema"] == "meshlayout.shard/1" and rep["decodable"] is True
     assert rep["shard_order"] == {"0": ["tp", "dp"]} and rep["torch_disagrees"] == [4, 5]
     for r in rep["ranks"]:
-        rank = r["rank"]
-        assert r["runs"] == [[list(x) for x in d] for d in spec.local_runs(rank)]
-        assert r["local_shape"] == list(spec.local_shape(rank))
-        assert r["global_offset"] == list(spec.local_offset(rank)) and r["is_box"]
+        coord = divmod(r["rank"], 2)
+        rows, cols = reference_indices((7, 4), (3, 2), placements, coord)
+        want = [[[int(x[0]), int(x[-1]) + 1]] if len(x) else [] for x in (rows, cols)]
+        assert r["runs"] == want and r["is_box"]
+        assert r["local_shape"] == [len(rows), len(cols)]
+        assert r["global_offset"] == [int(rows[0]) if len(rows) else 7, 0]
     assert rep["ranks"][4]["torch"] == {
         "runs": [[[6, 7]], [[0, 4]]],
         "local_shape": [1, 4],

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import meshlayout
 import meshlayout.parallel_dims as pd_module
 from meshlayout import Mesh, ParallelDims, RankMap
-from meshlayout.parallel_dims import DENSE_DIMS, SPARSE_DIMS, VIEWS, hosts_spanned
+from meshlayout.parallel_dims import DENSE_DIMS, SPARSE_DIMS, VIEWS
 from parallel_dims_reference import (
     VIEW_DIMS,
     dense_array,
@@ -210,7 +210,7 @@ def test_matches_numpy_reference(cfg: dict[str, Any]) -> None:
     for name in ("tp", "ep", "fsdp", "ehsdp"):
         blocks = family(ref[name], len(VIEW_DIMS[name])).reshape(-1, pd.mesh(name).size())
         want = max(len({int(r) // n for r in row}) for row in blocks)
-        assert hosts_spanned(pd.mesh(name), n) == want, name
+        assert int(pd.mesh(name).hosts_spanned(n).max()) == want, name
 
 
 def test_every_order_on_one_world() -> None:
@@ -448,7 +448,7 @@ def test_numpy_ints_are_ints() -> None:
     pd = ParallelDims(np.int64(8), tp=np.int32(2), dp_shard=np.int64(4))  # type: ignore[arg-type]
     assert pd.degrees["tp"] == 2 and type(pd.degrees["tp"]) is int
     assert type(pd.world_size) is int
-    json.dumps(pd.to_dict())
+    json.dumps(pd.degrees)
 
 
 def test_error_ep_etp() -> None:
@@ -525,100 +525,6 @@ def test_error_ranks() -> None:
         ParallelDims(4, ranks=[0, 1, 1, 2])
     with pytest.raises(ValueError, match="non-negative"):
         ParallelDims(4, ranks=[0, 1, -1, 2])
-
-
-# ---------------------------------------------------------------------- reports
-
-
-def test_describe_content() -> None:
-    pd = ParallelDims(16, pp=2, dp_shard=2, cp=2, tp=2, ep=4)
-    text = pd.describe()
-    lines = text.splitlines()
-    assert lines[0] == repr(pd)
-    assert lines[1].split() == ["view", "shape", "groups", "group", "of", "rank", "0"]
-    rows = {line.split()[0]: line for line in lines[2:]}
-    assert list(rows) == VIEW_NAMES
-    assert re.fullmatch(r"ep\s+ep=4\s+4\s+\[0, 1, 2, 3\]", rows["ep"])
-    assert re.fullmatch(r"fsdp\s+fsdp=4\s+4\s+\[0, 2, 4, 6\]", rows["fsdp"])
-    assert re.fullmatch(r"hsdp\s+dp_replicate=1 x fsdp=4\s+4\s+\[\[0, 2, 4, 6\]\]", rows["hsdp"])
-    # every column starts at the same offset in every row (the header included)
-    hosts = pd.describe(ranks_per_host=4).splitlines()[1:]
-    for column in ("shape", "groups", "group of rank 0", "hosts"):
-        at = hosts[0].index(column)
-        assert all(line[at - 2 : at] == "  " and line[at] != " " for line in hosts), column
-    assert "group of rank 9" in pd.describe(rank=9)
-    assert re.search(r"\ntp\s+tp=2\s+8\s+\[8, 9\]", pd.describe(rank=9))
-
-
-def test_describe_hosts() -> None:
-    # 32 ranks, 8 per host, tp=8 innermost: TP stays inside a host.
-    pd = ParallelDims(32, dp_shard=4, tp=8, ep=8)
-    rows = {ln.split()[0]: ln for ln in pd.describe(ranks_per_host=8).splitlines()[2:]}
-    assert rows["tp"].endswith("stays within a host")
-    assert rows["ep"].endswith("stays within a host")
-    assert rows["dp_shard"].endswith("crosses 4 hosts")
-    assert rows["pp"].endswith("stays within a host")
-    # tp outermost: every TP group crosses four hosts, dp_shard stays inside one.
-    tp_out = ParallelDims(32, dp_shard=4, tp=8, order="tp,pp,dp_replicate,dp_shard,cp")
-    rows = {ln.split()[0]: ln for ln in tp_out.describe(ranks_per_host=8).splitlines()[2:]}
-    assert rows["tp"].endswith("crosses 4 hosts")
-    assert rows["dp_shard"].endswith("stays within a host")
-    # No column without ranks_per_host.
-    assert "host" not in pd.describe()
-
-
-def test_describe_abridges_big_groups() -> None:
-    text = ParallelDims(4096, tp=8).describe()
-    assert "… (512 ranks)" in text and "… (4096 ranks)" in text
-    assert max(len(line) for line in text.splitlines()) < 120
-
-
-def test_to_dict_is_json_and_matches_meshes() -> None:
-    pd = ParallelDims(
-        32, pp=2, dp_shard=2, cp=2, tp=4, ep=2, etp=2, order="tp-cp-dp_shard-dp_replicate-pp"
-    )
-    d = pd.to_dict(rank=13, ranks_per_host=4)
-    assert json.loads(json.dumps(d)) == d
-    assert d["world_size"] == 32 and d["degrees"] == pd.degrees
-    assert d["order"] == ["tp", "cp", "dp_shard", "dp_replicate", "pp"]
-    assert d["ranks_per_host"] == 4
-    assert list(d["views"]) == VIEW_NAMES
-    for name, entry in d["views"].items():
-        mesh = pd.mesh(name)
-        assert entry["dims"] == list(mesh.names)
-        assert entry["shape"] == list(mesh.shape)
-        assert entry["group_size"] == mesh.size()
-        assert entry["num_groups"] == mesh.num_submeshes
-        assert entry["rank"] == 13
-        assert entry["coordinate"] == list(mesh.coordinate(13) or ())
-        assert entry["group"] == mesh.submesh(13).tolist()
-        assert entry["purpose"] == VIEWS[name]
-        assert entry["hosts_spanned"] == hosts_spanned(mesh, 4)
-    assert d["views"]["tp"]["hosts_spanned"] == 4  # tp outermost
-    assert "hosts_spanned" not in pd.to_dict()["views"]["tp"]
-    assert pd.to_dict()["views"]["tp"]["rank"] == 0
-
-
-def test_to_dict_rank_map_and_default_rank() -> None:
-    pd = ParallelDims(8, tp=2, ranks=range(100, 108))
-    d = pd.to_dict()
-    assert d["rank_map"] == {"start": 100, "stop": 108, "step": 1}
-    assert d["views"]["tp"]["rank"] == 100 and d["views"]["tp"]["group"] == [100, 101]
-    permuted = ParallelDims(4, tp=2, ranks=[3, 1, 0, 2]).to_dict()
-    assert permuted["rank_map"] == {"ranks": [3, 1, 0, 2]}
-    assert permuted["views"]["tp"]["group"] == [0, 2]
-
-
-def test_report_errors() -> None:
-    pd = ParallelDims(8, tp=2, ranks=range(8, 16))
-    with raises(ValueError, "rank 3 is not in this world"):
-        pd.describe(rank=3)
-    with raises(TypeError, "rank must be an int, got 1.5"):
-        pd.to_dict(rank=1.5)  # type: ignore[arg-type]
-    with raises(ValueError, "ranks_per_host must be >= 1, got 0"):
-        pd.describe(ranks_per_host=0)
-    with raises(ValueError, "ranks_per_host must be >= 1, got 0"):
-        hosts_spanned(pd.mesh("tp"), 0)
 
 
 # ---------------------------------------------------------------------- value object

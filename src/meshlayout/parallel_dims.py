@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from .inttuple import check_elements, check_int, is_int
+from .inttuple import check_elements, check_int
 from .mesh import Mesh
 from .rank_map import MAX_WORLD, RankMap
 
-__all__ = ["DENSE_DIMS", "SPARSE_DIMS", "VIEWS", "ParallelDims", "hosts_spanned"]
+__all__ = ["DENSE_DIMS", "SPARSE_DIMS", "VIEWS", "ParallelDims"]
 
 #: The dense dims, in canonical position order (outermost first).
 DENSE_DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -284,99 +284,6 @@ class ParallelDims:
         """Every named view, in the order of :data:`VIEWS`."""
         return {name: self._view(name) for name in VIEWS}
 
-    # ------------------------------------------------------------------ reports
-    def to_dict(
-        self, *, rank: int | None = None, ranks_per_host: int | None = None
-    ) -> dict[str, Any]:
-        """A JSON-ready summary: degrees, order and every view with ``rank``'s group.
-
-        ``rank`` defaults to global rank 0 (or the first rank of the map if 0 is
-        not in it). With ``ranks_per_host`` each view also gets ``hosts_spanned``
-        (O(world) per view). Plain ints, strs, lists and dicts only.
-
-        >>> d = ParallelDims(8, dp_shard=2, tp=4).to_dict(rank=5, ranks_per_host=4)
-        >>> d["views"]["tp"]["group"], d["views"]["tp"]["coordinate"], d["views"]["tp"]["hosts_spanned"]
-        ([4, 5, 6, 7], [1], 1)
-        """
-        rank = self._default_rank(rank)
-        hosts = None if ranks_per_host is None else _positive_int("ranks_per_host", ranks_per_host)
-        views: dict[str, Any] = {}
-        for name, mesh in self.views().items():
-            entry: dict[str, Any] = {
-                "dims": list(mesh.names),
-                "shape": list(mesh.shape),
-                "group_size": mesh.size(),
-                "num_groups": mesh.num_submeshes,
-                "rank": rank,
-                "coordinate": [int(c) for c in mesh.coordinate(rank) or ()],
-                "group": mesh.submesh(rank).tolist(),
-                "purpose": VIEWS[name],
-            }
-            if hosts is not None:
-                entry["hosts_spanned"] = hosts_spanned(mesh, hosts)
-            views[name] = entry
-        return {
-            "world_size": self.world_size,
-            "degrees": self.degrees,
-            "order": list(self._order),
-            "rank_map": _rank_map_summary(self._rank_map),
-            "ranks_per_host": hosts,
-            "views": views,
-        }
-
-    def describe(self, *, rank: int | None = None, ranks_per_host: int | None = None) -> str:
-        """A plain-text table: view, shape, number of groups, and ``rank``'s group.
-
-        With ``ranks_per_host`` every view says whether its groups stay inside a
-        host (ranks ``[k*n, (k+1)*n)`` form host ``k``) or, at most, how many
-        hosts one group crosses (O(world) per view).
-
-        >>> print(ParallelDims(8, dp_shard=2, tp=4).describe(ranks_per_host=4))
-        ParallelDims(8, pp=1, dp_replicate=1, dp_shard=2, cp=1, tp=4, ep=1, etp=1)
-        view          shape                     groups  group of rank 0             hosts
-        pp            pp=1                      8       [0]                         stays within a host
-        dp_replicate  dp_replicate=1            8       [0]                         stays within a host
-        dp_shard      dp_shard=2                4       [0, 4]                      crosses 2 hosts
-        cp            cp=1                      8       [0]                         stays within a host
-        tp            tp=4                      2       [0, 1, 2, 3]                stays within a host
-        batch         batch=2                   4       [0, 4]                      crosses 2 hosts
-        loss          loss=2                    4       [0, 4]                      crosses 2 hosts
-        fsdp          fsdp=2                    4       [0, 4]                      crosses 2 hosts
-        hsdp          dp_replicate=1 x fsdp=2   4       [[0, 4]]                    crosses 2 hosts
-        efsdp         efsdp=8                   1       [0, 1, 2, 3, 4, 5, 6, 7]    crosses 2 hosts
-        ep            ep=1                      8       [0]                         stays within a host
-        etp           etp=1                     8       [0]                         stays within a host
-        ehsdp         dp_replicate=1 x efsdp=8  1       [[0, 1, 2, 3, 4, 5, 6, 7]]  crosses 2 hosts
-        """
-        rank = self._default_rank(rank)
-        hosts = None if ranks_per_host is None else _positive_int("ranks_per_host", ranks_per_host)
-        header = ["view", "shape", "groups", f"group of rank {rank}"]
-        if hosts is not None:
-            header.append("hosts")
-        rows = [header]
-        for name, mesh in self.views().items():
-            shape = " x ".join(f"{n}={s}" for n, s in zip(mesh.names, mesh.shape))
-            row = [name, shape, str(mesh.num_submeshes), _abridge(mesh.submesh(rank).tolist())]
-            if hosts is not None:
-                k = hosts_spanned(mesh, hosts)
-                row.append("stays within a host" if k == 1 else f"crosses {k} hosts")
-            rows.append(row)
-        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-        lines = [repr(self)]
-        for r in rows:
-            cells = [c.ljust(w) for c, w in zip(r[:-1], widths[:-1])] + [r[-1]]
-            lines.append("  ".join(cells).rstrip())
-        return "\n".join(lines)
-
-    def _default_rank(self, rank: int | None) -> int:
-        if rank is None:
-            return 0 if 0 in self._rank_map else self._rank_map[0]
-        if not is_int(rank):
-            raise TypeError(f"rank must be an int, got {rank!r} of type {type(rank).__name__}")
-        if rank not in self._rank_map:
-            raise ValueError(f"rank {rank} is not in this world ({self._rank_map!r})")
-        return int(rank)
-
     # ------------------------------------------------------------------ runtime
     def build(self, device_type: str = "cpu", **kwargs: Any) -> Any:
         """Bind every view to real process groups (needs ``meshlayout[torch]``).
@@ -422,37 +329,6 @@ _VIEW_BUILDERS: Mapping[str, Callable[[ParallelDims], Mesh]] = {
     "ehsdp": lambda pd: pd.sparse["dp_replicate", "efsdp"],
 }
 assert set(_VIEW_BUILDERS) == set(VIEWS)
-
-
-def hosts_spanned(mesh: Mesh, ranks_per_host: int) -> int:
-    """Most hosts any one sub-mesh of ``mesh`` touches (host of rank r: r // ranks_per_host).
-
-    O(world): enumerates every sub-mesh.
-
-    >>> pd = ParallelDims(16, dp_shard=2, tp=8)
-    >>> hosts_spanned(pd.mesh("tp"), 8), hosts_spanned(pd.mesh("dp_shard"), 8)
-    (1, 2)
-    """
-    n = _positive_int("ranks_per_host", ranks_per_host)
-    hosts = np.sort(mesh.submeshes().reshape(mesh.num_submeshes, -1) // n, axis=1)
-    distinct = 1 + np.count_nonzero(np.diff(hosts, axis=1), axis=1)
-    return int(distinct.max())
-
-
-def _abridge(group: Any, limit: int = 8) -> str:
-    text = str(group)
-    if len(text) <= 60:
-        return text
-    flat = np.asarray(group).reshape(-1).tolist()
-    head = ", ".join(map(str, flat[:limit]))
-    return f"[{head}, … ({len(flat)} ranks)]"
-
-
-def _rank_map_summary(rank_map: RankMap) -> dict[str, Any]:
-    rng = rank_map.as_range()
-    if rng is not None:
-        return {"start": rng.start, "stop": rng.stop, "step": rng.step}
-    return {"ranks": [int(r) for r in rank_map]}
 
 
 # ---------------------------------------------------------------------- validation
