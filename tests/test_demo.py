@@ -9,6 +9,7 @@ process, and workers forked from it hang or inherit its process group.
 from __future__ import annotations
 
 import io
+import pathlib
 import subprocess
 import sys
 import threading
@@ -25,7 +26,10 @@ import torch.distributed as dist
 from meshlayout import demo
 from meshlayout.cli import main
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
+
+# Hang guards only, generous for a loaded 2-core machine (each worker imports torch).
+DEMO_TIMEOUT = 540
 
 SHAPES = {"0.weight": (6, 10), "0.bias": (6,), "2.weight": (10, 6), "2.bias": (10,)}
 FSDP_ONLY = "(Shard(dim=0),)"  # tp=1: every parameter sharded on dim 0 of the 1-D fsdp mesh
@@ -74,17 +78,18 @@ def torch_already_used() -> Iterator[None]:
 
 
 def test_demo_subprocess_passes_and_reports_every_check() -> None:
+    argv = ["demo", "--nproc", "4", "--steps", "3", "--timeout", str(DEMO_TIMEOUT)]
     out = subprocess.run(
-        [sys.executable, "-m", "meshlayout.cli", "demo", "--nproc", "4", "--steps", "3"],
+        [sys.executable, "-m", "meshlayout.cli", *argv],
         capture_output=True,
         text=True,
-        timeout=170,
+        timeout=DEMO_TIMEOUT + 30,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
     assert "== plan ==" in text and "fsdp" in text
     assert "TP=2 x FSDP=2 on 4 gloo processes" in text
-    assert "4 processes (spawn) joined the gloo group" in text
+    assert "4 worker interpreters joined the gloo group" in text
     assert text.count(" ok\n") == 3  # one line per step, each matching the reference
     assert "PASS losses match the single-process run (3/3 steps" in text
     # one PASS per parameter of the 10->6->10 MLP, with our single all-gather
@@ -123,10 +128,11 @@ def test_demo_passes_for_each_nproc_from_a_process_that_used_torch(
     torch_already_used: None,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["demo", "--nproc", str(nproc), "--steps", "2"]) == 0, capsys.readouterr().out
+    argv = ["demo", "--nproc", str(nproc), "--steps", "2", "--timeout", str(DEMO_TIMEOUT)]
+    assert main(argv) == 0, capsys.readouterr().out
     text = capsys.readouterr().out
     assert f"{layout} on {nproc} gloo processes" in text
-    assert f"{nproc} processes (spawn) joined the gloo group" in text
+    assert f"{nproc} worker interpreters joined the gloo group" in text
     assert text.count(" ok\n") == 2
     assert "PASS losses match the single-process run (2/2 steps" in text
     for name, (placements, collectives) in expected.items():
@@ -145,7 +151,7 @@ def test_demo_fails_with_nonzero_status_when_a_check_fails(
     # fresh interpreters that never see it: the demo must say so.
     monkeypatch.setattr(demo, "LOSS_TOLERANCE", -1.0)
     buf = io.StringIO()
-    code = demo.run_demo(demo.DemoConfig(nproc=2, steps=2), out=buf)
+    code = demo.run_demo(demo.DemoConfig(nproc=2, steps=2, timeout=DEMO_TIMEOUT), out=buf)
     text = buf.getvalue()
     assert code == 1, text
     assert text.count(" MISMATCH\n") == 2  # the workers ran every step...
@@ -244,9 +250,40 @@ def test_demo_plan_uses_tp_when_even() -> None:
     assert demo.demo_parallel_dims(8).mesh("fsdp").size() == 4
 
 
-def test_demo_worker_can_be_started_by_spawn() -> None:
-    # spawn pickles the target by its qualified name: it must be a module-level function.
-    import pickle
+def test_demo_runs_from_a_script_without_a_main_guard(tmp_path: pathlib.Path) -> None:
+    # multiprocessing's spawn and forkserver re-run the caller's main script in every
+    # child, which fails (or recurses) without an `if __name__ == "__main__"` guard;
+    # the demo's workers are plain interpreters that never import the caller's script.
+    script = tmp_path / "no_guard.py"
+    script.write_text(
+        "import sys, torch\n"
+        "from meshlayout.demo import DemoConfig, run_demo\n"
+        "torch.set_num_threads(2)\n"
+        "x = torch.randn(200, 200) @ torch.randn(200, 200)  # torch used first\n"
+        "print('script body ran')\n"
+        f"sys.exit(run_demo(DemoConfig(nproc=1, steps=1, timeout={DEMO_TIMEOUT})))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=DEMO_TIMEOUT + 30
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("script body ran") == 1
+    assert "1 worker interpreters joined the gloo group" in out.stdout
+    assert "demo passed" in out.stdout and "FAIL" not in out.stdout
+    assert "Traceback" not in out.stderr
 
-    assert pickle.loads(pickle.dumps(demo._worker)) is demo._worker
-    assert demo.START_METHOD in ("spawn", "forkserver")
+
+def test_demo_reports_a_worker_that_dies_with_its_status_and_stderr(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A worker whose interpreter cannot start (here: a wrong -c program) is reported by
+    # rank, exit status and the end of its stderr, without waiting for the timeout.
+    monkeypatch.setattr(demo, "_WORKER_CODE", "import sys; sys.exit('worker says no')")
+    buf = io.StringIO()
+    code = demo.run_demo(demo.DemoConfig(nproc=2, steps=1, timeout=600), out=buf)
+    text = buf.getvalue()
+    assert code == 1, text
+    assert "exited with status 1 before finishing" in text
+    assert "worker says no" in text
+    assert "timed out" not in text
+    assert "demo FAILED" in text

@@ -3,10 +3,11 @@
 The demo is the end-to-end check a user runs first:
 
 1. plan the meshes with :class:`~meshlayout.parallel_dims.ParallelDims` and print them;
-2. start ``nproc`` CPU processes (gloo on 127.0.0.1) as fresh interpreters
-   (multiprocessing's ``spawn``: never ``fork``, since the caller may already
-   have used torch's thread pools, stores or process groups, and a forked child
-   of such a process can hang), bind the meshes to real process groups with ``ParallelDims.build("cpu")`` and hand them to torch's
+2. start ``nproc`` CPU processes (gloo on 127.0.0.1), each a fresh Python
+   interpreter (never ``fork``: the caller may already have used torch's thread
+   pools, stores or process groups, and a forked child of such a process can
+   hang; and not multiprocessing's ``spawn`` either, which re-runs the caller's
+   main script), bind the meshes to real process groups with ``ParallelDims.build("cpu")`` and hand them to torch's
    tensor parallelism (``ColwiseParallel``/``RowwiseParallel``) and FSDP2
    (``fully_shard``) through ``DistributedMesh.to_torch()``;
 3. train a 10 -> 6 -> 10 MLP (uneven FSDP-over-TP shards) for ``steps`` steps,
@@ -24,12 +25,15 @@ that ``meshlayout --help`` stays fast and torch-free.
 
 from __future__ import annotations
 
+import json
 import math
-import multiprocessing as mp
 import os
 import queue
+import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import IO, Any
@@ -153,13 +157,35 @@ def _tcp_store() -> Any:
     return dist.TCPStore  # type: ignore[attr-defined]  # not re-exported in torch's stubs
 
 
-def _worker(rank: int, cfg: DemoConfig, port: int, events: Any) -> None:
-    """Body of one process: build meshes, train, check, report through ``events``.
+class _EventWriter:
+    """A worker's report channel: one JSON array per line (``("loss", step, value)``...)."""
 
-    It runs in a fresh (spawned) interpreter, so it is a module-level function
-    that multiprocessing can pickle by name, and torch is first imported here.
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def put(self, event: tuple[Any, ...]) -> None:
+        self._stream.write(json.dumps(event) + "\n")
+        self._stream.flush()
+
+
+def _worker_main(spec: str) -> int:
+    """Entry point of one worker interpreter; ``spec`` is the JSON that :func:`run_demo` passes.
+
+    Events go to the stdout the parent reads; anything else printed in this
+    process (torch's warnings, a stray ``print``) is sent to stderr instead, so
+    it cannot corrupt the event stream.
     """
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # read when torch's C++ side loads
+    args = json.loads(spec)
+    channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    cfg = DemoConfig(nproc=args["nproc"], steps=args["steps"], timeout=args["timeout"])
+    with channel:
+        _worker(args["rank"], cfg, args["port"], _EventWriter(channel))
+    return 0
+
+
+def _worker(rank: int, cfg: DemoConfig, port: int, events: Any) -> None:
+    """Body of one process: build meshes, train, check, report through ``events``."""
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
@@ -249,19 +275,102 @@ def _progress(step: int, steps: int, width: int = 20) -> str:
     return "[" + "#" * done + "." * (width - done) + "]"
 
 
-#: How workers start: a fresh interpreter each. ``fork`` would copy a caller that
-#: may already hold torch's thread pools, stores or process groups, and hang.
-START_METHOD = "spawn"
+#: The Python code a worker interpreter runs: ``sys.argv`` is [``-c``, package root, spec].
+#: The root is where the caller found ``meshlayout``, added only if the child's path lacks it.
+_WORKER_CODE = (
+    "import sys\n"
+    "if sys.argv[1] not in sys.path:\n"
+    "    sys.path.insert(0, sys.argv[1])\n"
+    "from meshlayout.demo import _worker_main\n"
+    "sys.exit(_worker_main(sys.argv[2]))\n"
+)
+
+
+class _Workers:
+    """``nproc`` worker interpreters and threads that read their events and stderr.
+
+    Every line a worker writes to stdout becomes an event on :attr:`events`
+    (``("eof", rank)`` when its stdout closes); the last lines of its stderr are
+    kept for the error report.
+    """
+
+    def __init__(self, cfg: DemoConfig, port: int) -> None:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ)
+        env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # read when torch's C++ side loads
+        self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.tails: list[deque[str]] = [deque(maxlen=30) for _ in range(cfg.nproc)]
+        self.procs: list[subprocess.Popen[str]] = []
+        self._threads: list[threading.Thread] = []
+        for rank in range(cfg.nproc):
+            spec: dict[str, Any] = {"rank": rank, "port": port, "timeout": cfg.timeout}
+            spec.update(nproc=cfg.nproc, steps=cfg.steps)
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _WORKER_CODE, root, json.dumps(spec)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                text=True,
+                encoding="utf-8",
+                errors="replace",
+            )
+            self.procs.append(proc)
+            self._follow(self._read_events, rank, proc.stdout)
+            self._follow(self._read_tail, rank, proc.stderr)
+
+    def _follow(self, target: Any, rank: int, stream: IO[str] | None) -> None:
+        thread = threading.Thread(target=target, args=(rank, stream), daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _read_events(self, rank: int, stream: IO[str]) -> None:
+        for line in stream:
+            try:
+                event = tuple(json.loads(line))
+            except ValueError:
+                event = ("error", rank, f"unreadable report {line.strip()!r}")
+            self.events.put(event)
+        self.events.put(("eof", rank))
+
+    def _read_tail(self, rank: int, stream: IO[str]) -> None:
+        for line in stream:
+            self.tails[rank].append(line.rstrip())
+
+    def exit_report(self, rank: int) -> str:
+        """Why ``rank`` stopped early: its exit status and the end of its stderr."""
+        try:
+            code: int | str | None = self.procs[rank].wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = "(still running)"
+        tail = "\n".join(self.tails[rank])
+        return f"rank {rank} exited with status {code} before finishing" + (
+            f"; its stderr ends with:\n{tail}" if tail else ""
+        )
+
+    def stop(self, grace: float) -> None:
+        """Wait up to ``grace`` s in all for the workers, kill the ones still running."""
+        deadline = time.monotonic() + grace
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for thread in self._threads:
+            thread.join(timeout=5)
 
 
 def run_demo(cfg: DemoConfig | None = None, out: IO[str] | None = None) -> int:
     """Run the demo; print to ``out`` (default stdout); return 0 if all checks pass.
 
     Safe to call from a process that already used torch (threads, stores, process
-    groups): the workers are spawned, not forked. Each costs an interpreter start
-    and a torch import (a few seconds on a loaded 2-core machine), overlapped with
-    the single-process reference run. The workers compute; the checks against
-    ``LOSS_TOLERANCE`` and ``PARAM_TOLERANCE`` run here, in the calling process.
+    groups), and from a script without an ``if __name__ == "__main__"`` guard:
+    each worker is a fresh ``python -c`` interpreter, never a fork. Each costs an
+    interpreter start and a torch import (a few seconds on a loaded 2-core
+    machine), overlapped with the single-process reference run. The workers
+    compute; the checks against ``LOSS_TOLERANCE`` and ``PARAM_TOLERANCE`` run
+    here, in the calling process.
     """
     cfg = cfg or DemoConfig()
     out = out or sys.stdout
@@ -274,20 +383,13 @@ def run_demo(cfg: DemoConfig | None = None, out: IO[str] | None = None) -> int:
     import torch
 
     store = _tcp_store()("127.0.0.1", 0, cfg.nproc + 1, is_master=True, wait_for_workers=False)
-    ctx: Any = mp.get_context(START_METHOD)
-    events = ctx.Queue()
-    procs = [
-        ctx.Process(target=_worker, args=(r, cfg, store.port, events), daemon=True)
-        for r in range(cfg.nproc)
-    ]
     print(
         f"== training a {IN_FEATURES}->{HIDDEN}->{OUT_FEATURES} MLP with "
         f"TP={pd.degrees['tp']} x FSDP={pd.mesh('fsdp').size()} on {cfg.nproc} gloo processes ==",
         file=out,
         flush=True,
     )
-    for p in procs:
-        p.start()
+    workers = _Workers(cfg, store.port)
     ref_losses, ref_params = _reference(cfg.steps)
 
     losses: dict[int, float] = {}
@@ -298,25 +400,21 @@ def run_demo(cfg: DemoConfig | None = None, out: IO[str] | None = None) -> int:
     deadline = time.monotonic() + cfg.timeout
     while len(done) < cfg.nproc and not errors:
         try:
-            event = events.get(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+            event = workers.events.get(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
         except queue.Empty:
             if time.monotonic() > deadline:
                 missing = sorted(set(range(cfg.nproc)) - done)
                 errors.append(f"timed out after {cfg.timeout:g} s waiting for ranks {missing}")
-            elif any(not p.is_alive() and p.exitcode not in (0, None) for p in procs):
-                errors.append(
-                    "a worker process died: "
-                    + ", ".join(
-                        f"rank {r} exit {p.exitcode}" for r, p in enumerate(procs) if p.exitcode
-                    )
-                )
             continue
         kind = event[0]
-        if kind == "ready":
+        if kind == "eof":
+            if event[1] not in done:
+                errors.append(workers.exit_report(event[1]))
+        elif kind == "ready":
             ready.add(event[1])
             if len(ready) == cfg.nproc:
                 print(
-                    f"{cfg.nproc} processes ({START_METHOD}) joined the gloo group after "
+                    f"{cfg.nproc} worker interpreters joined the gloo group after "
                     f"{time.perf_counter() - started:.1f} s",
                     file=out,
                     flush=True,
@@ -338,10 +436,7 @@ def run_demo(cfg: DemoConfig | None = None, out: IO[str] | None = None) -> int:
             done.add(event[1])
         elif kind == "error":
             errors.append(f"rank {event[1]} failed: {event[2]}")
-    for p in procs:
-        p.join(timeout=5)
-        if p.is_alive():
-            p.kill()
+    workers.stop(grace=0.0 if errors else 10.0)  # a failed run's workers may be stuck
 
     print(file=out)
     print("== checks ==", file=out)
