@@ -24,7 +24,14 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadPlanner, SavePlanner
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-__all__ = ["as_rank", "device_mesh", "emulated_load", "emulated_save"]
+__all__ = [
+    "as_rank",
+    "device_mesh",
+    "dtensor_of",
+    "emulated_load",
+    "emulated_save",
+    "fsdp_over_tp_checkpoint",
+]
 
 
 class as_rank:
@@ -47,6 +54,27 @@ def device_mesh(mesh: Any, rank: int) -> Any:
 
     sub = mesh.submesh(rank) if rank in mesh else mesh.submeshes()[0]
     return DeviceMesh("cpu", torch.as_tensor(sub), mesh_dim_names=mesh.names)
+
+
+def dtensor_of(spec: Any, rank: int, data: Any) -> Any:
+    """The DTensor ``rank`` holds of global ``data`` under a meshlayout ``spec``.
+
+    Its local tensor is ``spec.shard(data, rank)``: the nested shard order for
+    decodable placements — what FSDP2, TP and ``redistribute`` physically store.
+    """
+    from torch.distributed.tensor import DTensor
+
+    local = spec.shard(data, rank).contiguous()
+    shape = torch.Size(spec.global_shape)
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(
+        local,
+        device_mesh(spec.mesh, rank),
+        spec.to_torch(),
+        run_check=False,
+        shape=shape,
+        stride=stride,
+    )
 
 
 def emulated_save(
@@ -116,3 +144,19 @@ def emulated_load(
         final = planners[rank].finish_plan(global_plans[rank])
         readers[rank].read_data(final, planners[rank]).wait()
     return dicts
+
+
+def fsdp_over_tp_checkpoint(
+    path: str, rows: int, planner: Callable[[], SavePlanner], *, validate: bool = True
+) -> None:
+    """A ``(rows, 3)`` weight laid out as FSDP2 over ColwiseParallel stores it on (dp=3, tp=2)
+    (``[_StridedShard(0, 2), Shard(0)]``, values ``arange``), saved by 6 emulated ranks
+    with ``planner``, plus a non-tensor value ``step``."""
+    from meshlayout import Mesh
+    from meshlayout.sharding import Shard, ShardingSpec, StridedShard
+
+    spec = ShardingSpec((rows, 3), Mesh({"dp": 3, "tp": 2}), [StridedShard(0, 2), Shard(0)])
+    data = torch.arange(rows * 3.0).view(rows, 3)
+    emulated_save(
+        6, lambda r: {"w": dtensor_of(spec, r, data), "step": 7}, path, planner, validate=validate
+    )

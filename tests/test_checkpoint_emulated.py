@@ -32,31 +32,12 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(3
 WORLD = 16
 
 
-def _dtensor(spec: ShardingSpec, rank: int, data: Any) -> Any:
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    from dcp_emulation import device_mesh
-
-    local = spec.shard(data, rank).contiguous()
-    shape = torch.Size(spec.global_shape)
-    stride = torch.empty(shape, device="meta").stride()
-    return DTensor.from_local(
-        local,
-        device_mesh(spec.mesh, rank),
-        spec.to_torch(),
-        run_check=False,
-        shape=shape,
-        stride=stride,
-    )
-
-
 def _three_level(rank: int, world: int, root: str) -> dict[str, Any]:
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-    from dcp_emulation import emulated_load, emulated_save
+    from dcp_emulation import dtensor_of, emulated_load, emulated_save
     from meshlayout.torch import checkpoint as mlcp
 
     spec = ShardingSpec((9,), Mesh((2, 2, 3)), [StridedShard(0, 6), Shard(0), Shard(0)])
@@ -65,13 +46,13 @@ def _three_level(rank: int, world: int, root: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, planner in (("plain", DefaultSavePlanner), ("exact", mlcp.ExactSavePlanner)):
         path = f"{root}/{name}"
-        emulated_save(12, lambda r: {"x": _dtensor(spec, r, data)}, path, planner)
+        emulated_save(12, lambda r: {"x": dtensor_of(spec, r, data)}, path, planner)
         full = {"x": torch.zeros(9)}
         dcp.load(full, checkpoint_id=path, no_dist=True)
         out[name] = full["x"].tolist()
         loaded = emulated_load(
             12,
-            lambda r: {"x": _dtensor(replicated, r, torch.zeros(9))},
+            lambda r: {"x": dtensor_of(replicated, r, torch.zeros(9))},
             path,
             mlcp.ExactLoadPlanner,
         )
@@ -126,7 +107,9 @@ def _cases(n: int, seed: int) -> list[tuple[ShardingSpec, ShardingSpec, str]]:
 
 def _state(spec: ShardingSpec, data: Any, extra: dict[str, Any], rank: int) -> dict[str, Any]:
     """A rank's state dict: the DTensor ``t`` if the rank is in the mesh, and ``extra``."""
-    return {"t": _dtensor(spec, rank, data), **extra} if rank in spec.mesh else dict(extra)
+    from dcp_emulation import dtensor_of
+
+    return {"t": dtensor_of(spec, rank, data), **extra} if rank in spec.mesh else dict(extra)
 
 
 def _covered(spec: ShardingSpec) -> list[int]:
@@ -174,3 +157,33 @@ def test_random_shardings_round_trip_exactly(tmp_path: Any) -> None:
         _random_round_trips, 1, str(tmp_path), cases, timeout=280, start_method="spawn", init=False
     )
     assert failures == []
+
+
+# ---------------------------------------------------------------------- broken plain DCP
+def _broken(rank: int, world: int, root: str) -> dict[str, str]:
+    """Load plain DCP's uneven FSDP-over-TP checkpoints with our planner: clear errors."""
+    import torch
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    from dcp_emulation import fsdp_over_tp_checkpoint
+    from meshlayout.torch import checkpoint as mlcp
+
+    out = {}
+    # 13 rows: plain DCP's own validation refuses; without it the metadata overlaps
+    fsdp_over_tp_checkpoint(f"{root}/plain13", 13, DefaultSavePlanner, validate=False)
+    fsdp_over_tp_checkpoint(f"{root}/plain7", 7, DefaultSavePlanner)  # saves "fine"
+    for name, rows in (("plain13", 13), ("plain7", 7)):
+        try:
+            mlcp.load({"w": torch.zeros(rows, 3)}, f"{root}/{name}", no_dist=True)
+            out[name] = "loaded"
+        except BaseException as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def test_plain_dcp_uneven_checkpoints_fail_loudly_through_our_planner(tmp_path: Any) -> None:
+    (out,) = run_multiproc(_broken, 1, str(tmp_path), timeout=240, start_method="spawn", init=False)
+    assert out["plain13"].startswith("ValueError: ranks [0]: w: saved chunks 1 ")
+    assert "overlap on ((7, 8), (0, 3))" in out["plain13"]
+    # 7 rows: the metadata tiles but rank 4's data file holds 0 rows where it says 1
+    assert "mismatch sizes torch.Size([1, 3]) vs torch.Size([0, 3])" in out["plain7"]

@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from ._inspect import describe_checkpoint, read_metadata
 from ._plan import Chunk, ChunkIndex, Read, Tiling, replica_dims, tiling, written_boxes
 from ._planners import ExactLoadPlanner, ExactSavePlanner, dtensor_spec
 
@@ -38,8 +39,10 @@ __all__ = [
     "ExactSavePlanner",
     "Read",
     "Tiling",
+    "describe_checkpoint",
     "dtensor_spec",
     "load",
+    "read_metadata",
     "replica_dims",
     "save",
     "tiling",
@@ -64,6 +67,24 @@ def _no_dist(no_dist: bool) -> bool:
     return no_dist or not (dist.is_available() and dist.is_initialized())
 
 
+def _plain_error(exc: BaseException) -> BaseException:
+    """DCP's CheckpointException as one ValueError/TypeError when every rank failed with one.
+
+    DCP wraps planning errors of every rank into a ``CheckpointException`` (a
+    ``BaseException``); our planners' errors are ordinary input errors, so the wrappers
+    report the first one, naming the ranks that raised.
+    """
+    failures = getattr(exc, "failures", None)
+    if not isinstance(failures, dict) or not failures:
+        return exc
+    inner = [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    kinds = {type(e) for e in inner}
+    if not kinds <= {ValueError, TypeError}:
+        return exc
+    kind = TypeError if kinds == {TypeError} else ValueError
+    return kind(f"ranks {sorted(failures)}: {inner[0]}")
+
+
 def save(
     state_dict: dict[str, Any],
     checkpoint_id: CheckpointId | None = None,
@@ -77,17 +98,25 @@ def save(
 
     Collective over the default group (or ``process_group``) unless ``no_dist`` or no
     process group is initialised. ``planner_options`` go to the planner
-    (``DefaultSavePlanner``'s, e.g. ``dedup_save_to_lowest_rank=True``).
+    (``DefaultSavePlanner``'s, e.g. ``dedup_save_to_lowest_rank=True``). Input errors
+    (e.g. a ``Partial`` DTensor) raise ``ValueError``/``TypeError`` naming the ranks;
+    other failures propagate as DCP raises them.
     """
     _check_args(state_dict, checkpoint_id, storage_writer, "save")
-    metadata: Metadata = dcp_save(
-        state_dict,
-        checkpoint_id=checkpoint_id,
-        storage_writer=storage_writer,
-        planner=ExactSavePlanner(**planner_options),
-        process_group=process_group,
-        no_dist=_no_dist(no_dist),
-    )
+    try:
+        metadata: Metadata = dcp_save(
+            state_dict,
+            checkpoint_id=checkpoint_id,
+            storage_writer=storage_writer,
+            planner=ExactSavePlanner(**planner_options),
+            process_group=process_group,
+            no_dist=_no_dist(no_dist),
+        )
+    except BaseException as exc:
+        plain = _plain_error(exc)
+        if plain is exc:
+            raise
+        raise plain from exc
     return metadata
 
 
@@ -104,14 +133,22 @@ def load(
 
     Destinations may be DTensors of any sharding on any mesh and number of processes,
     or plain tensors (``no_dist=True`` on one process gives full tensors).
-    ``planner_options`` go to the planner (e.g. ``allow_partial_load=True``).
+    ``planner_options`` go to the planner (e.g. ``allow_partial_load=True``). A
+    destination element the checkpoint does not hold exactly once raises ``ValueError``
+    naming the tensor and box, as do other input errors.
     """
     _check_args(state_dict, checkpoint_id, storage_reader, "load")
-    dcp_load(
-        state_dict,
-        checkpoint_id=checkpoint_id,
-        storage_reader=storage_reader,
-        planner=ExactLoadPlanner(**planner_options),
-        process_group=process_group,
-        no_dist=_no_dist(no_dist),
-    )
+    try:
+        dcp_load(
+            state_dict,
+            checkpoint_id=checkpoint_id,
+            storage_reader=storage_reader,
+            planner=ExactLoadPlanner(**planner_options),
+            process_group=process_group,
+            no_dist=_no_dist(no_dist),
+        )
+    except BaseException as exc:
+        plain = _plain_error(exc)
+        if plain is exc:
+            raise
+        raise plain from exc
