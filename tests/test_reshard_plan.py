@@ -122,8 +122,12 @@ def check_plan(plan: ReshardPlan, src: ShardingSpec, dst: ShardingSpec, rph: int
     local = sum(t.numel for t in plan.transfers if t.is_local)
     assert s["elements_moved"] == minimum and s["local_copy_elements"] == local
     assert s["elements_delivered"] == sum(int(n.sum()) for n in ref.dst.values())
-    assert s["max_send_elements"] == max(sent.values(), default=0)
-    assert s["max_recv_elements"] == max(recv.values(), default=0)
+    for key, per_rank in (("send", sent), ("recv", recv)):
+        top = max(per_rank.values(), default=0)
+        assert s[f"max_{key}_elements"] == top
+        assert s[f"max_{key}_rank"] == min(
+            (r for r, n in per_rank.items() if n == top), default=None
+        )
     assert s["across_host_elements"] == (across if rph is not None else None)
     gather = [ref.numel - int(h.sum()) for h in ref.src.values()]
     gather += [ref.numel for r in ref.dst if r not in ref.src]

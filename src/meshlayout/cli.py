@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from . import render
+from . import cli_reshard, render
 from .cli_args import (
     ArgError,
     build_mesh,
@@ -517,6 +517,9 @@ COMMANDS: dict[str, Command] = {
         _shard_arguments,
         _shard_run,
         _SHARD_EPILOG,
+    ),
+    "reshard": Command(
+        cli_reshard.HELP, cli_reshard.add_arguments, cli_reshard.run, cli_reshard.EPILOG
     ),
     "demo": Command(
         "train a small TP + FSDP2 model on local gloo processes and check it",

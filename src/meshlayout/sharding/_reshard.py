@@ -32,6 +32,7 @@ Each transfer box lies inside one run box of its sender and one of its receiver
 from __future__ import annotations
 
 import functools
+import gc
 import heapq
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,9 +130,16 @@ class ReshardPlan:
         dst = c["dst"][rows].tolist()
         lo = c["start"][rows].tolist()
         hi = c["stop"][rows].tolist()
-        if ndim == 0:
-            return tuple(Transfer(s, d, ()) for s, d in zip(src, dst))
-        return tuple(Transfer(s, d, tuple(zip(a, b))) for s, d, a, b in zip(src, dst, lo, hi))
+        # many small immutable objects: the cyclic GC would rescan them repeatedly
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            if ndim == 0:
+                return tuple(Transfer(s, d, ()) for s, d in zip(src, dst))
+            return tuple(Transfer(s, d, tuple(zip(a, b))) for s, d, a, b in zip(src, dst, lo, hi))
+        finally:
+            if enabled:
+                gc.enable()
 
     @property
     def transfers(self) -> tuple[Transfer, ...]:
@@ -213,7 +221,8 @@ class ReshardPlan:
         (counts); ``transfers`` (boxes sent), ``local_copies`` (boxes kept);
         ``elements_moved``, ``local_copy_elements``, ``elements_delivered`` (moved +
         local: the destination pieces' total); ``max_send_elements``,
-        ``max_recv_elements`` (the busiest rank's); ``ranks_per_host`` and
+        ``max_recv_elements`` (the busiest rank's) and ``max_send_rank``,
+        ``max_recv_rank`` (the lowest such rank; None when nothing moves); ``ranks_per_host`` and
         ``across_host_elements`` (None without ``ranks_per_host``). The alternative:
         every source rank all-gathers the full tensor (receiving what it lacks) and
         every destination rank outside the source receives the full tensor, then each
@@ -230,6 +239,8 @@ class ReshardPlan:
             cross = (c["src"][~local] // rph) != (c["dst"][~local] // rph)
             across = int(sent[cross].sum())
         ag_total, ag_max = _allgather_cost(self.src_spec, self.src_ranks, self.dst_ranks)
+        max_send, send_rank = _max_per_rank(c["src"][~local], sent)
+        max_recv, recv_rank = _max_per_rank(c["dst"][~local], sent)
         return {
             "numel": int(np.prod(self.src_spec.global_shape, dtype=_I64)),
             "src_ranks": len(self.src_ranks),
@@ -240,8 +251,10 @@ class ReshardPlan:
             "elements_moved": moved,
             "local_copy_elements": int(c["numel"][local].sum()),
             "elements_delivered": int(c["numel"].sum()),
-            "max_send_elements": _max_per_rank(c["src"][~local], sent),
-            "max_recv_elements": _max_per_rank(c["dst"][~local], sent),
+            "max_send_elements": max_send,
+            "max_send_rank": send_rank,
+            "max_recv_elements": max_recv,
+            "max_recv_rank": recv_rank,
             "ranks_per_host": rph,
             "across_host_elements": across,
             "allgather_elements": ag_total,
@@ -250,13 +263,15 @@ class ReshardPlan:
         }
 
 
-def _max_per_rank(ranks: Any, numel: Any) -> int:
+def _max_per_rank(ranks: Any, numel: Any) -> tuple[int, int | None]:
+    """(largest per-rank total, the lowest rank with it); (0, None) when empty."""
     if not len(ranks):
-        return 0
+        return 0, None
     keys, inverse = np.unique(ranks, return_inverse=True)
     totals = np.zeros(len(keys), dtype=_I64)
     np.add.at(totals, inverse, numel)
-    return int(totals.max())
+    i = int(np.argmax(totals))
+    return int(totals[i]), int(keys[i])
 
 
 def _rank(rank: object) -> int:

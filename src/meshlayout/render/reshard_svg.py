@@ -1,0 +1,356 @@
+"""SVG pictures of a reshard plan: the traffic heat map and what each destination receives.
+
+- :func:`traffic_picture`: source ranks (rows) x destination ranks (columns), each
+  cell shaded by the elements sent; local copies outlined (they are not sent).
+  Past ``max_cells`` ranks per axis, consecutive ranks are merged into bins.
+- :func:`receive_picture`: one panel per destination rank (the first
+  ``max_ranks``) with the tensor drawn to scale (dims 0 x 1; a 1-D tensor as one
+  row) and every box it receives filled in its sender's colour; local copies are
+  dashed.
+- :func:`reshard_picture` stacks both; :func:`reshard_svg` is its SVG document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..sharding import ReshardPlan, run_boxes
+from ._fmt import range_label
+from ._svg import Svg, Swatch, fill_colour, stack, stroke_colour
+
+__all__ = ["receive_picture", "reshard_picture", "reshard_svg", "short_count", "traffic_picture"]
+
+MARGIN = 16
+LINE_H = 16
+LOCAL_STROKE = "hsl(140,60%,30%)"
+GREY, GREY_STROKE = "#9aa5b1", "#5a6570"
+
+
+def short_count(n: int) -> str:
+    """A count in at most 4-5 characters: ``950``, ``12k``, ``3.4M``, ``1.1G``.
+
+    >>> [short_count(n) for n in (950, 12_345, 3_400_000, 1_100_000_000)]
+    ['950', '12k', '3.4M', '1.1G']
+    """
+    for unit, size in (("G", 10**9), ("M", 10**6), ("k", 10**3)):
+        if n >= size:
+            value = n / size
+            return f"{value:.1f}{unit}" if value < 10 else f"{value:.0f}{unit}"
+    return str(n)
+
+
+def _bins(ranks: Sequence[int], limit: int) -> tuple[list[list[int]], Any]:
+    """Consecutive ranks (sorted) merged into at most ``limit`` bins; (members, bin of rank pos)."""
+    n = len(ranks)
+    count = min(n, limit)
+    of_pos = (np.arange(n, dtype=np.int64) * count) // max(n, 1)
+    members: list[list[int]] = [[] for _ in range(count)]
+    for r, b in zip(ranks, of_pos.tolist()):
+        members[b].append(int(r))
+    return members, of_pos
+
+
+def _shade(value: int, top: int) -> str:
+    if value <= 0:
+        return "white"
+    light = 90 - 58 * (value / top) ** 0.5
+    return f"hsl(215,75%,{light:.0f}%)"
+
+
+def traffic_picture(plan: ReshardPlan, *, max_cells: int = 48, title: str | None = None) -> Svg:
+    """The traffic matrix as a heat map (see the module docstring).
+
+    >>> from meshlayout import Mesh
+    >>> from meshlayout.sharding import Shard, ShardingSpec, reshard_plan
+    >>> src = ShardingSpec((8, 6), Mesh({"dp": 4}), [Shard(0)])
+    >>> dst = ShardingSpec((8, 6), Mesh({"tp": 2}, ranks=[2, 3]), [Shard(1)])
+    >>> svg = traffic_picture(reshard_plan(src, dst)).to_string()
+    >>> svg.count('class="cell"'), svg.count('class="local"')
+    (8, 2)
+    """
+    if max_cells < 1:
+        raise ValueError(f"max_cells must be >= 1, got {max_cells}")
+    rows, row_of = _bins(plan.src_ranks, max_cells)
+    cols, col_of = _bins(plan.dst_ranks, max_cells)
+    cols_ = plan.arrays()
+    src_pos = np.searchsorted(np.array(plan.src_ranks, dtype=np.int64), cols_["src"])
+    dst_pos = np.searchsorted(np.array(plan.dst_ranks, dtype=np.int64), cols_["dst"])
+    local = cols_["src"] == cols_["dst"]
+    sent = np.zeros((len(rows), len(cols)), dtype=np.int64)
+    kept = np.zeros_like(sent)
+    if len(local):
+        np.add.at(sent, (row_of[src_pos[~local]], col_of[dst_pos[~local]]), cols_["numel"][~local])
+        np.add.at(kept, (row_of[src_pos[local]], col_of[dst_pos[local]]), cols_["numel"][local])
+    top = int(sent.max()) if sent.size else 0
+    cell = max(6.0, min(40.0, 520.0 / max(len(rows), len(cols), 1)))
+    label_w = 7 * max([len(range_label(m)) for m in rows] + [3]) + 8
+    left = MARGIN + label_w
+    top_y = MARGIN + 44
+    binned = len(rows) < len(plan.src_ranks) or len(cols) < len(plan.dst_ranks)
+    head = title or "elements sent: source rank (rows) -> destination rank (columns)"
+    notes: list[tuple[str, Swatch | None]] = [
+        (
+            f"darkest: {top} elements" if top else "nothing is sent",
+            (_shade(top, top or 1), "#999", None),
+        ),
+        ("local copy (kept, not sent)", ("white", LOCAL_STROKE, "4,2")),
+    ]
+    if binned:
+        notes.append(("consecutive ranks merged into bins (labels: rank ranges)", None))
+    s = plan.summary()
+    notes.append(
+        (
+            f"{s['elements_moved']} elements moved, {s['local_copy_elements']} kept; "
+            f"all-gather then slice: {s['allgather_elements']}",
+            None,
+        )
+    )
+    width = max(left + cell * len(cols), 8.2 * len(head), 7 * max(len(t) for t, _ in notes) + 40)
+    height = top_y + cell * len(rows) + 20 + LINE_H * len(notes) + MARGIN
+    svg = Svg(width + 2 * MARGIN, height)
+    svg.parts.append("<style>rect.cell:hover{stroke:#000;stroke-width:2}</style>")
+    svg.text(MARGIN, MARGIN + 8, head, font_size=13, font_weight="bold")
+    svg.text(MARGIN, MARGIN + 24, "source \\ destination", fill="#555")
+    every_col = max(1, int(np.ceil(30 / cell)))
+    for j, members in enumerate(cols):
+        if j % every_col == 0:
+            x = left + j * cell + cell / 2
+            svg.text(x, top_y - 6, range_label(members), text_anchor="middle", font_size=9)
+    every_row = max(1, int(np.ceil(12 / cell)))
+    for i, members in enumerate(rows):
+        y = top_y + i * cell
+        if i % every_row == 0:
+            svg.text(
+                left - 6, y + cell / 2 + 4, range_label(members), text_anchor="end", font_size=9
+            )
+        for j, dst_members in enumerate(cols):
+            x = left + j * cell
+            n, k = int(sent[i, j]), int(kept[i, j])
+            tip = f"rank {range_label(members)} -> rank {range_label(dst_members)}: {n} elements"
+            if k:
+                tip += f"; {k} kept locally"
+            svg.rect(x, y, cell, cell, tip, fill=_shade(n, top or 1), stroke="#ddd", class_="cell")
+            if k:
+                svg.rect(
+                    x + 1.5,
+                    y + 1.5,
+                    cell - 3,
+                    cell - 3,
+                    fill="none",
+                    stroke=LOCAL_STROKE,
+                    stroke_width=2,
+                    stroke_dasharray="4,2",
+                    class_="local",
+                )
+            label = short_count(n) if n else (f"({short_count(k)})" if k else "")
+            if label and cell >= 7 * len(label) + 4 and cell >= 16:
+                dark = n and n / (top or 1) > 0.45
+                svg.text(
+                    x + cell / 2,
+                    y + cell / 2 + 4,
+                    label,
+                    text_anchor="middle",
+                    font_size=10,
+                    fill="white" if dark else "#222",
+                )
+    end = svg.legend(MARGIN, top_y + cell * len(rows) + 22, notes, LINE_H)
+    svg.height = end - LINE_H + MARGIN
+    return svg
+
+
+def _drawn_dims(shape: tuple[int, ...]) -> tuple[int | None, int | None]:
+    """(row dim or None, column dim or None) of the tensor drawing."""
+    if not shape:
+        return None, None
+    if len(shape) == 1:
+        return None, 0
+    return 0, 1
+
+
+def receive_picture(
+    plan: ReshardPlan,
+    *,
+    max_ranks: int = 8,
+    max_boxes: int = 256,
+    panel: float = 220,
+    title: str | None = None,
+) -> Svg:
+    """One panel per destination rank: the boxes it receives, coloured by sender.
+
+    >>> from meshlayout import Mesh
+    >>> from meshlayout.sharding import Shard, ShardingSpec, reshard_plan
+    >>> src = ShardingSpec((8, 6), Mesh({"dp": 4}), [Shard(0)])
+    >>> dst = ShardingSpec((8, 6), Mesh({"tp": 2}, ranks=[2, 3]), [Shard(1)])
+    >>> svg = receive_picture(reshard_plan(src, dst)).to_string()
+    >>> svg.count('class="box"'), svg.count('class="box local"')
+    (6, 2)
+    """
+    if max_ranks < 1 or max_boxes < 1:
+        raise ValueError(f"max_ranks and max_boxes must be >= 1, got {max_ranks}, {max_boxes}")
+    shape = plan.dst_spec.global_shape
+    rdim, cdim = _drawn_dims(shape)
+    n_rows = shape[rdim] if rdim is not None else 1
+    n_cols = shape[cdim] if cdim is not None else 1
+    scale = min(panel / max(n_cols, 1), (panel if rdim is not None else 28) / max(n_rows, 1))
+    gw, gh = max(n_cols * scale, 1), max(n_rows * scale, 1)
+    src_index = {r: i for i, r in enumerate(plan.src_ranks)}
+    shown = list(plan.dst_ranks[:max_ranks])
+    pw, ph = max(gw, 200) + 30, gh + 46
+    per_row = max(1, int(900 // pw))
+    head = title or f"boxes each destination rank receives, coloured by sender (tensor {shape})"
+    notes: list[str] = []
+    if rdim is None and cdim is None:
+        notes.append("0-d tensor: nothing to draw")
+    elif len(shape) > 2:
+        notes.append(f"dims 0 x 1 drawn; dims 2.. of shape {shape} are projected")
+    if len(plan.dst_ranks) > len(shown):
+        notes.append(f".. {len(plan.dst_ranks) - len(shown)} more destination ranks not drawn")
+    senders: dict[int, None] = {}
+    many = False
+    n_panels = len(shown) if cdim is not None else 0
+    grid_rows = -(-n_panels // per_row)
+    top = MARGIN + 26
+    body_h = grid_rows * ph
+    svg_parts = Svg(0, 0)
+    for k, dst in enumerate(shown[:n_panels]):
+        x0 = MARGIN + (k % per_row) * pw
+        y0 = top + (k // per_row) * ph
+        recv = plan.receives(dst)
+        kept = plan.local_copies(dst)
+        n_recv = sum(t.numel for t in recv)
+        n_kept = sum(t.numel for t in kept)
+        svg_parts.text(x0, y0 + 12, f"rank {dst}: receives {n_recv}, keeps {n_kept}", font_size=10)
+        gx, gy = x0, y0 + 20
+        svg_parts.rect(gx, gy, gw, gh, f"tensor {shape}", fill="#f3f3f3", stroke="#999")
+        boxes = kept + recv
+        if len(boxes) > max_boxes:
+            # too many to tell apart: the rank's piece in grey, its local copies on top
+            many = True
+            note = f"{len(recv)} boxes, {len({t.src_rank for t in recv})} senders"
+            for rb in run_boxes(plan.dst_spec, dst):
+                _box(
+                    svg_parts,
+                    rb.box,
+                    rdim,
+                    cdim,
+                    gx,
+                    gy,
+                    scale,
+                    GREY,
+                    GREY_STROKE,
+                    None,
+                    f"rank {dst}: {note} (too many to draw)",
+                    "box many",
+                )
+            boxes = kept
+            svg_parts.text(gx, gy + gh + 12, note + " (grey)", font_size=9, fill="#555")
+        for t in boxes:
+            i = src_index.get(t.src_rank, 0)
+            if not t.is_local:
+                senders.setdefault(t.src_rank)
+            what = "kept (local copy)" if t.is_local else f"from rank {t.src_rank}"
+            w, h = _box(
+                svg_parts,
+                t.box,
+                rdim,
+                cdim,
+                gx,
+                gy,
+                scale,
+                fill_colour(i),
+                LOCAL_STROKE if t.is_local else stroke_colour(i),
+                "4,2" if t.is_local else None,
+                f"rank {dst}: box {t.box} {what} ({t.numel} elements)",
+                "box local" if t.is_local else "box",
+            )
+            label = "kept" if t.is_local else f"r{t.src_rank}"
+            (a, _), (c, _) = _span(t.box, rdim), _span(t.box, cdim)
+            if w >= 6.5 * len(label) + 4 and h >= 13:
+                svg_parts.text(
+                    gx + c * scale + 3, gy + a * scale + 11, label, font_size=9, fill="#111"
+                )
+    entries: list[tuple[str, Swatch | None]] = [(n, None) for n in notes]
+    listed = sorted(senders)[:24]
+    entries += [
+        (
+            f"sent by rank {r}",
+            (fill_colour(src_index.get(r, 0)), stroke_colour(src_index.get(r, 0)), None),
+        )
+        for r in listed
+    ]
+    if len(senders) > len(listed):
+        entries.append((f".. {len(senders) - len(listed)} more senders", None))
+    if many:
+        text = "grey: from too many senders to draw one by one"
+        entries.append((text, (GREY, GREY_STROKE, None)))
+    entries.append(
+        ("kept: a local copy (the rank already holds it)", ("white", LOCAL_STROKE, "4,2"))
+    )
+    width = max(MARGIN * 2 + min(n_panels, per_row) * pw, 8.2 * len(head) + 2 * MARGIN, 420)
+    height = top + body_h + 10 + LINE_H * len(entries) + MARGIN
+    svg = Svg(width, height)
+    svg.parts.append("<style>rect.box:hover{stroke:#000;stroke-width:2}</style>")
+    svg.text(MARGIN, MARGIN + 8, head, font_size=13, font_weight="bold")
+    svg.parts.extend(svg_parts.parts)
+    end = svg.legend(MARGIN, top + body_h + 14, entries, LINE_H)
+    svg.height = end - LINE_H + MARGIN
+    return svg
+
+
+def _span(box: tuple[tuple[int, int], ...], dim: int | None) -> tuple[int, int]:
+    return box[dim] if dim is not None else (0, 1)
+
+
+def _box(
+    svg: Svg,
+    box: tuple[tuple[int, int], ...],
+    rdim: int | None,
+    cdim: int | None,
+    gx: float,
+    gy: float,
+    scale: float,
+    fill: str,
+    stroke: str,
+    dash: str | None,
+    tip: str,
+    cls: str,
+) -> tuple[float, float]:
+    """Draw ``box`` (projected on the drawn dims) in a panel; returns its drawn (w, h)."""
+    a, b = _span(box, rdim)
+    c, d = _span(box, cdim)
+    w, h = (d - c) * scale, (b - a) * scale
+    svg.rect(
+        gx + c * scale,
+        gy + a * scale,
+        max(w, 0.5),
+        max(h, 0.5),
+        tip,
+        fill=fill,
+        stroke=stroke,
+        stroke_width=1.5 if dash else 0.8,
+        stroke_dasharray=dash,
+        class_=cls,
+    )
+    return w, h
+
+
+def reshard_picture(plan: ReshardPlan, **options: Any) -> Svg:
+    """:func:`traffic_picture` above :func:`receive_picture` (options go to the latter)."""
+    return stack([traffic_picture(plan), receive_picture(plan, **options)])
+
+
+def reshard_svg(plan: ReshardPlan, **options: Any) -> str:
+    """SVG document of :func:`reshard_picture`.
+
+    >>> from meshlayout import Mesh
+    >>> from meshlayout.sharding import Shard, ShardingSpec, reshard_plan
+    >>> plan = reshard_plan(
+    ...     ShardingSpec((4,), Mesh((2,)), [Shard(0)]), ShardingSpec((4,), Mesh((4,)), [Shard(0)])
+    ... )
+    >>> reshard_svg(plan).startswith("<svg")
+    True
+    """
+    return reshard_picture(plan, **options).to_string()
