@@ -382,6 +382,8 @@ def test_hosts_spanned_brute_force_and_validation() -> None:
             assert got == want
     assert m["tp"].hosts_spanned(4).tolist() == [1, 1, 1, 1]
     assert m["dp"].hosts_spanned(np.int64(4)).tolist() == [4, 4, 4, 4]
+    for huge in (2**63 - 1, 2**63, 2**64, np.uint64(2**64 - 1)):  # one host; no OverflowError
+        assert m["dp"].hosts_spanned(huge).tolist() == [1, 1, 1, 1]
     with pytest.raises(ValueError, match="ranks_per_host must be >= 1, got 0"):
         m.hosts_spanned(0)
     with pytest.raises(TypeError, match=r"ranks_per_host must be an int, got 1\.5"):

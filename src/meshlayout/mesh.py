@@ -38,7 +38,7 @@ import numpy.typing as npt
 
 from .inttuple import check_elements, check_int, is_int, suffix_product
 from .layout import Layout, make_layout
-from .rank_map import MAX_WORLD, RankMap
+from .rank_map import MAX_RANK, MAX_WORLD, RankMap
 
 __all__ = ["Dim", "Mesh"]
 
@@ -434,7 +434,10 @@ class Mesh:
         [1, 1]
         """
         n = check_int(ranks_per_host, "ranks_per_host", minimum=1)
-        hosts = np.sort(self.group_table() // n, axis=1)
+        table = self.group_table()
+        if n > MAX_RANK:  # every rank is on host 0 (and n does not fit in int64)
+            return np.ones(table.shape[0], dtype=np.int64)
+        hosts = np.sort(table // n, axis=1)
         counts: IntArray = 1 + np.count_nonzero(np.diff(hosts, axis=1), axis=1).astype(np.int64)
         return counts
 
