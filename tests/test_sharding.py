@@ -633,6 +633,19 @@ def test_bitwise_partial_on_float_data_names_the_op_and_dtype(op: str) -> None:
     assert spec.unshard({0: np.ones(4, bool), 1: np.ones(4, bool)}).dtype == bool
 
 
+@settings(max_examples=300, deadline=None)
+@given(raw_specs())
+def test_str_of_every_placement_parses_back(case) -> None:
+    """One spelling: ``str(p)`` is what ``--placements`` reads (``SS(d,sf)``, not ``_S``)."""
+    from meshlayout.cli_args import parse_placements
+
+    _, _, placements = case
+    text = ",".join(map(str, placements))
+    assert parse_placements(text) == placements
+    assert [str(p) for p in parse_placements(f"[{text}]")] == [str(p) for p in placements]
+    assert str(StridedShard(-1, 12)) == "SS(-1,12)"
+
+
 # ---------------------------------------------------------------------- packaging
 def test_import_does_not_import_torch() -> None:
     code = "import sys, meshlayout.sharding; print('torch' in sys.modules)"

@@ -1,11 +1,12 @@
 """Placement value objects: ``Shard``, ``StridedShard``, ``Replicate``, ``Partial``.
 
-Frozen, hashable, torch-like ``repr`` (evaluable) and ``str`` (torch's short form).
+Frozen, hashable, torch-like ``repr`` (evaluable) and a short ``str`` that is the
+command-line spelling (``meshlayout shard --placements`` parses it back).
 
 >>> Shard(0), StridedShard(0, 2), Replicate(), Partial()
 (Shard(dim=0), StridedShard(dim=0, split_factor=2), Replicate(), Partial(reduce_op='sum'))
 >>> print(Shard(1), StridedShard(0, 3), Replicate(), Partial("max"))
-S(1) _S(0, 3) R P(max)
+S(1) SS(0,3) R P(max)
 >>> StridedShard(0, 0)
 Traceback (most recent call last):
 ...
@@ -62,7 +63,7 @@ class StridedShard:
             raise ValueError(f"{self!r}: split_factor must be >= 1")
 
     def __str__(self) -> str:
-        return f"_S({self.dim}, {self.split_factor})"
+        return f"SS({self.dim},{self.split_factor})"
 
 
 @dataclass(frozen=True)
