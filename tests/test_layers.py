@@ -22,6 +22,7 @@ LAYERS = {
     "sharding": 2,
     "parallel_dims": 3,
     "megatron": 3,
+    "torchtitan_names": 3,
     "render": 3,
     "cli": 4,
     "cli_args": 4,

@@ -38,6 +38,7 @@ import numpy as np
 from .inttuple import check_elements, check_int
 from .mesh import Mesh
 from .rank_map import MAX_WORLD, RankMap
+from .torchtitan_names import TorchtitanAccessors
 
 __all__ = ["DENSE_DIMS", "SPARSE_DIMS", "VIEWS", "ParallelDims"]
 
@@ -84,7 +85,7 @@ def _product_text(names: Sequence[str], degrees: Mapping[str, int]) -> str:
     return f"{'*'.join(names)} = {'*'.join(map(str, values))} = {_prod(values)}"
 
 
-class ParallelDims:
+class ParallelDims(TorchtitanAccessors):
     """Degrees of N-D parallelism over one world, and every named mesh over it.
 
     ``ParallelDims(world_size, *, pp=1, dp_replicate=1, dp_shard=-1, cp=1, tp=1,
