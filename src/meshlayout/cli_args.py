@@ -163,14 +163,14 @@ def _name(text: str, what: str) -> str:
 
 
 def parse_int_list(
-    text: str, what: str = "value", *, minimum: int | None = None
+    text: str, what: str = "value", *, minimum: int | None = None, times: bool = True
 ) -> tuple[int, ...]:
-    """``"7,4"`` -> ``(7, 4)``; also accepts ``x`` as a separator (``"7x4"``).
+    """``"7,4"`` -> ``(7, 4)``; with ``times`` also ``x`` as a separator (``"7x4"``).
 
     >>> parse_int_list("7x4")
     (7, 4)
     """
-    sep = "," if "," in text else r"[x×]"
+    sep = "," if "," in text or not times else r"[x×]"
     parts = re.split(sep, text.strip())
     if not text.strip() or any(not p.strip() for p in parts):
         raise ArgError(f"{what}: expected comma-separated integers, got {shown(text)}")
@@ -229,7 +229,7 @@ def parse_ranks(text: str, what: str = "--ranks") -> range | list[int]:
     """
     text = text.strip()
     if ":" not in text:
-        return list(parse_int_list(text, what, minimum=0))
+        return list(parse_int_list(text, what, minimum=0, times=False))
     parts = text.split(":")
     if len(parts) not in (2, 3):
         raise ArgError(f"{what}: expected START:STOP[:STEP], got {shown(text)}")
