@@ -7,7 +7,7 @@ for every configuration below and compares each group with
 Megatron refuses must be refused too. Prints the counts per Megatron group and in
 total; exits 1 on any difference.
 
-    python benchmarks/megatron_sweep.py            # the full sweep, a few minutes
+    python benchmarks/megatron_sweep.py            # the full sweep, about 15 minutes
     python benchmarks/megatron_sweep.py --quick    # the sweep of tests/test_megatron.py
 
 The full sweep: every order string Megatron reads (325) with every tp, cp, pp, dp

@@ -46,9 +46,11 @@ from .mesh import Mesh
 from .rank_map import RankMap
 
 __all__ = [
+    "ALIASES",
     "DEFAULT_ORDER",
     "MEGATRON_VIEWS",
     "ORDER_TOKENS",
+    "VIEWS",
     "MegatronDims",
     "MegatronView",
     "parallel_dims_order",
@@ -142,6 +144,9 @@ MEGATRON_VIEWS: dict[str, MegatronView] = _views(
      "get_intra_distributed_optimizer_instance_group()",
      "every rank of one distributed-optimizer instance (edp share x tp_ep_pp)"),
 )  # fmt: skip
+
+#: What each view is for (as :data:`meshlayout.parallel_dims.VIEWS` for ParallelDims).
+VIEWS: dict[str, str] = {name: view.purpose for name, view in MEGATRON_VIEWS.items()}
 
 #: Other spellings accepted by :meth:`MegatronDims.mesh` (hyphens also read as underscores).
 ALIASES: dict[str, str] = {
