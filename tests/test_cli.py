@@ -312,6 +312,10 @@ BAD = [
     (["shard", "--shape", "7", "--mesh", "", "--placements", "R"], "--mesh: "),
     (["shard", "--shape", "7", "--mesh", "2", "--placements", f"S({HUGE})"], HUGE),
     (["shard", "--shape", "7", "--mesh", "2", "--placements", "SS(0,0)"], "split_factor"),
+    (
+        ["shard", "--shape", "7,4", "--mesh", "dp=3,tp=2", "--shard-order", "0:tp;-2:dp"],
+        "--shard-order '0:tp;-2:dp'",  # a negative tensor dim aliasing a positive one
+    ),
     (["nope"], "nope"),
     ([], "choose a command"),
 ]

@@ -8,6 +8,7 @@ a cell; beyond that the tensor is drawn to scale as blocks between run bounds.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,24 +34,28 @@ def _bounds(n: int, runs: list[Sequence[Run]]) -> list[int]:
     return sorted(cuts)
 
 
-def sharding_picture(
-    spec: ShardingSpec,
-    *,
-    torch_view: bool = False,
-    title: str | None = None,
-    cell_limit: int = 64,
-    size: float = 560,
-) -> Svg:
-    """The picture behind :func:`sharding_svg`, as an :class:`Svg`."""
-    check_size(runs_bound(spec), "a sharding picture draws every run of every rank", "runs")
-    mesh = spec.mesh
+@dataclass
+class _Pieces:
+    """What each rank holds of the drawn (first two) dims, cut into blocks between run bounds."""
+
+    ranks: list[int]
+    pieces: dict[int, tuple[Sequence[Run], Sequence[Run]]]  # rank -> (row runs, column runs)
+    row_bounds: list[int]
+    col_bounds: list[int]
+    holders: dict[tuple[int, int], list[int]]  # block (i, j) -> ranks holding it
+    sets: dict[tuple[int, ...], int]  # each distinct holder set -> its colour index
+    n_rows: int
+    n_cols: int
+    drawn_rows: bool  # False: a 1-D tensor drawn as one row
+    col_dim: int
+
+
+def _pieces(spec: ShardingSpec, runs_of: RunsOf) -> _Pieces:
+    mesh, shape = spec.mesh, spec.global_shape
     ranks = [int(r) for r in np.asarray(mesh.submeshes()).reshape(-1)]
-    runs_of: RunsOf = (lambda r: torch_spec_runs(spec, r)) if torch_view else spec.local_runs
-    shape = spec.global_shape
     col_dim = 0 if len(shape) == 1 else 1
     drawn_rows = len(shape) > 1
-    n_rows = shape[0] if drawn_rows else 1
-    n_cols = shape[col_dim]
+    n_rows, n_cols = (shape[0] if drawn_rows else 1), shape[col_dim]
 
     def rect_runs(r: int) -> tuple[Sequence[Run], Sequence[Run]]:
         runs = runs_of(r)
@@ -62,109 +67,115 @@ def sharding_picture(
     pieces = {r: rect_runs(r) for r in ranks}
     rb = _bounds(n_rows, [p[0] for p in pieces.values()])
     cb = _bounds(n_cols, [p[1] for p in pieces.values()])
+    check_size((len(rb) - 1) * (len(cb) - 1), "a sharding picture draws every block", "blocks")
+    row_at = {b: i for i, b in enumerate(rb)}
+    col_at = {b: j for j, b in enumerate(cb)}
     holders: dict[tuple[int, int], list[int]] = {}
     for r, (rows, cols) in pieces.items():
         for a, b in rows:
             for c, d in cols:
-                for i in range(rb.index(a), rb.index(b)):
-                    for j in range(cb.index(c), cb.index(d)):
+                for i in range(row_at[a], row_at[b]):
+                    for j in range(col_at[c], col_at[d]):
                         holders.setdefault((i, j), []).append(r)
     sets: dict[tuple[int, ...], int] = {}
     for key in sorted(holders, key=lambda k: holders[k][0]):
         sets.setdefault(tuple(holders[key]), len(sets))
+    return _Pieces(ranks, pieces, rb, cb, holders, sets, n_rows, n_cols, drawn_rows, col_dim)
 
-    cells = n_rows <= cell_limit and n_cols <= cell_limit
+
+@dataclass
+class _Frame:
+    """Scale and origin: element (i, j) is at ``(left + j * sx, top + i * sy)``."""
+
+    cells: bool  # one rectangle per element (else blocks between run bounds, to scale)
+    sx: float
+    sy: float
+    left: float
+    top: float
+
+
+def _frame(p: _Pieces, cell_limit: int, size: float) -> _Frame:
+    cells = p.n_rows <= cell_limit and p.n_cols <= cell_limit
     if cells:
-        sx = sy = max(14.0, min(40.0, size / max(n_rows, n_cols, 1)))
+        sx = sy = max(14.0, min(40.0, size / max(p.n_rows, p.n_cols, 1)))
     else:
-        sx = float(size) / max(n_cols, 1)
-        sy = min(size / max(n_rows, 1), max(sx, 4.0)) if drawn_rows else 40.0
-    gw, gh = n_cols * sx, n_rows * sy
-    placements = ", ".join(placement_text(p) for p in spec.placements())
-    dims = " x ".join(f"{n}={s}" for n, s in zip(mesh.names, mesh.shape))
-    head = title or f"tensor {shape} on {dims}: {placements}"
-    if torch_view:
-        head += "  (as torch 2.13 computes it)"
-    legend = _legend(spec, ranks, runs_of, sets)
-    if len(shape) > 2:
-        legend.insert(0, (f"dims 0 x 1 drawn; dims 2.. of shape {shape} not shown", None))
-    top = MARGIN + 30
-    left = MARGIN + 34
-    width = max(left + gw, 8.2 * len(head), 7 * max(len(t) for t, _ in legend) + 40) + 2 * MARGIN
-    height = top + gh + 14 + LINE_H * len(legend) + MARGIN
-    svg = Svg(width, height)
-    svg.parts.append("<style>rect.cell:hover,rect.block:hover{stroke:#000;stroke-width:2}</style>")
-    svg.text(MARGIN, MARGIN + 8, head, font_size=13, font_weight="bold")
-    axis = f"rows: dim 0 ({n_rows}), columns: dim {col_dim} ({n_cols})"
-    svg.text(MARGIN, MARGIN + 24, axis if drawn_rows else f"dim 0 ({n_cols})", fill="#555")
+        sx = float(size) / max(p.n_cols, 1)
+        sy = min(size / max(p.n_rows, 1), max(sx, 4.0)) if p.drawn_rows else 40.0
+    return _Frame(cells, sx, sy, MARGIN + 34, MARGIN + 30)
 
-    def colour(key: tuple[int, int]) -> str:
-        h = holders.get(key)
-        return fill_colour(sets[tuple(h)]) if h else "white"
 
-    def held(key: tuple[int, int]) -> str:
-        h = holders.get(key)
-        return (
-            f"held by rank{'s' * (len(h or []) > 1)} {', '.join(map(str, h))}"
-            if h
-            else "held by no rank"
+def _colour(p: _Pieces, key: tuple[int, int]) -> str:
+    h = p.holders.get(key)
+    return fill_colour(p.sets[tuple(h)]) if h else "white"
+
+
+def _held(p: _Pieces, key: tuple[int, int]) -> str:
+    h = p.holders.get(key)
+    if not h:
+        return "held by no rank"
+    return f"held by rank{'s' * (len(h) > 1)} {', '.join(map(str, h))}"
+
+
+def _draw_cells(svg: Svg, p: _Pieces, f: _Frame) -> None:
+    """One rectangle per element (and row numbers), coloured by the ranks holding it."""
+    for i in range(p.n_rows):
+        bi = np.searchsorted(p.row_bounds, i, side="right") - 1
+        for j in range(p.n_cols):
+            bj = np.searchsorted(p.col_bounds, j, side="right") - 1
+            key = (int(bi), int(bj))
+            where = f"[{i}, {j}]" if p.drawn_rows else f"[{j}]"
+            svg.rect(
+                f.left + j * f.sx,
+                f.top + i * f.sy,
+                f.sx,
+                f.sy,
+                f"element {where} {_held(p, key)}",
+                fill=_colour(p, key),
+                stroke="white",
+                stroke_width=1,
+                class_="cell",
+            )
+    for i in range(0, p.n_rows, max(1, p.n_rows // 16)) if p.drawn_rows else ():
+        y = f.top + i * f.sy + f.sy / 2 + 4
+        svg.text(f.left - 4, y, i, text_anchor="end", font_size=9, fill="#555")
+
+
+def _draw_blocks(svg: Svg, p: _Pieces, f: _Frame) -> None:
+    """One rectangle per block between run bounds, to scale."""
+    rb, cb = p.row_bounds, p.col_bounds
+    every = {(i, j) for i in range(len(rb) - 1) for j in range(len(cb) - 1)}
+    for i, j in sorted(set(p.holders) | every):
+        svg.rect(
+            f.left + cb[j] * f.sx,
+            f.top + rb[i] * f.sy,
+            (cb[j + 1] - cb[j]) * f.sx,
+            (rb[i + 1] - rb[i]) * f.sy,
+            f"rows [{rb[i]}:{rb[i + 1]}) cols [{cb[j]}:{cb[j + 1]}) {_held(p, (i, j))}",
+            fill=_colour(p, (i, j)),
+            stroke="white",
+            stroke_width=0.5,
+            class_="block",
         )
 
-    if cells:
-        for i in range(n_rows):
-            bi = np.searchsorted(rb, i, side="right") - 1
-            for j in range(n_cols):
-                bj = np.searchsorted(cb, j, side="right") - 1
-                key = (int(bi), int(bj))
-                where = f"[{i}, {j}]" if drawn_rows else f"[{j}]"
-                svg.rect(
-                    left + j * sx,
-                    top + i * sy,
-                    sx,
-                    sy,
-                    f"element {where} {held(key)}",
-                    fill=colour(key),
-                    stroke="white",
-                    stroke_width=1,
-                    class_="cell",
-                )
-        for i in range(0, n_rows, max(1, n_rows // 16)) if drawn_rows else ():
-            svg.text(
-                left - 4, top + i * sy + sy / 2 + 4, i, text_anchor="end", font_size=9, fill="#555"
-            )
-    else:
-        for i, j in sorted(
-            set(holders) | {(i, j) for i in range(len(rb) - 1) for j in range(len(cb) - 1)}
-        ):
-            where = f"rows [{rb[i]}:{rb[i + 1]}) cols [{cb[j]}:{cb[j + 1]})"
-            svg.rect(
-                left + cb[j] * sx,
-                top + rb[i] * sy,
-                (cb[j + 1] - cb[j]) * sx,
-                (rb[i + 1] - rb[i]) * sy,
-                f"{where} {held((i, j))}",
-                fill=colour((i, j)),
-                stroke="white",
-                stroke_width=0.5,
-                class_="block",
-            )
-    # runs: one outline per distinct rectangle, labelled with the ranks that hold it
+
+def _draw_runs(svg: Svg, p: _Pieces, f: _Frame) -> None:
+    """One outline per distinct rectangle of runs, labelled with the ranks that hold it."""
     boxes: dict[tuple[Run, Run], list[str]] = {}
-    for r, (rows, cols) in pieces.items():
+    for r, (rows, cols) in p.pieces.items():
         nrun = len(rows) * len(cols)
         for k, (a, b) in enumerate(rows):
-            for m, (cc, d) in enumerate(cols):
+            for m, (c, d) in enumerate(cols):
                 tag = f"r{r}" + (f"#{k * len(cols) + m + 1}/{nrun}" if nrun > 1 else "")
-                boxes.setdefault(((a, b), (cc, d)), []).append(tag)
-    for ((a, b), (cc, d)), tags in boxes.items():
-        x, y, w, h = left + cc * sx, top + a * sy, (d - cc) * sx, (b - a) * sy
-        gi = sets.get(tuple(int(t[1:].split("#")[0]) for t in tags), 0)
+                boxes.setdefault(((a, b), (c, d)), []).append(tag)
+    for ((a, b), (c, d)), tags in boxes.items():
+        x, y, w, h = f.left + c * f.sx, f.top + a * f.sy, (d - c) * f.sx, (b - a) * f.sy
+        gi = p.sets.get(tuple(int(t[1:].split("#")[0]) for t in tags), 0)
         svg.rect(
             x + 1,
             y + 1,
             w - 2,
             h - 2,
-            f"{' '.join(tags)}: rows [{a}:{b}) cols [{cc}:{d})",
+            f"{' '.join(tags)}: rows [{a}:{b}) cols [{c}:{d})",
             fill="none",
             stroke=stroke_colour(gi),
             stroke_width=2,
@@ -173,11 +184,44 @@ def sharding_picture(
         label = ",".join(tags) if len(tags) <= 3 else f"{tags[0]}+{len(tags) - 1}"
         if len(label) * 6.2 + 4 <= w and h >= 13:
             svg.text(x + 4, y + 12, label, font_size=10, font_weight="bold", fill="#111")
+
+
+def sharding_picture(
+    spec: ShardingSpec,
+    *,
+    torch_view: bool = False,
+    title: str | None = None,
+    cell_limit: int = 64,
+    size: float = 560,
+) -> Svg:
+    """The picture behind :func:`sharding_svg`, as an :class:`Svg`."""
+    check_size(runs_bound(spec), "a sharding picture draws every run of every rank", "runs")
+    runs_of: RunsOf = (lambda r: torch_spec_runs(spec, r)) if torch_view else spec.local_runs
+    p = _pieces(spec, runs_of)
+    f = _frame(p, cell_limit, size)
+    mesh, shape = spec.mesh, spec.global_shape
+    placements = ", ".join(placement_text(q) for q in spec.placements())
+    dims = " x ".join(f"{n}={s}" for n, s in zip(mesh.names, mesh.shape))
+    head = title or f"tensor {shape} on {dims}: {placements}"
+    if torch_view:
+        head += "  (as torch 2.13 computes it)"
+    legend = _legend(spec, p.ranks, runs_of, p.sets)
+    if len(shape) > 2:
+        legend.insert(0, (f"dims 0 x 1 drawn; dims 2.. of shape {shape} not shown", None))
+    gw, gh = p.n_cols * f.sx, p.n_rows * f.sy
+    width = max(f.left + gw, 8.2 * len(head), 7 * max(len(t) for t, _ in legend) + 40) + 2 * MARGIN
+    svg = Svg(width, f.top + gh + 14 + LINE_H * len(legend) + MARGIN)
+    svg.parts.append("<style>rect.cell:hover,rect.block:hover{stroke:#000;stroke-width:2}</style>")
+    svg.text(MARGIN, MARGIN + 8, head, font_size=13, font_weight="bold")
+    axis = f"rows: dim 0 ({p.n_rows}), columns: dim {p.col_dim} ({p.n_cols})"
+    svg.text(MARGIN, MARGIN + 24, axis if p.drawn_rows else f"dim 0 ({p.n_cols})", fill="#555")
+    (_draw_cells if f.cells else _draw_blocks)(svg, p, f)
+    _draw_runs(svg, p, f)
     entries = [
         (text, None if lg is None else (fill_colour(lg), stroke_colour(lg), None))
         for text, lg in legend
     ]
-    svg.legend(MARGIN, top + gh + 18, entries, LINE_H)
+    svg.legend(MARGIN, f.top + gh + 18, entries, LINE_H)
     return svg
 
 
