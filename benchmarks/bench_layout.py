@@ -19,20 +19,8 @@ from typing import Any
 from meshlayout import layout as ml
 from meshlayout.layout import Layout
 
-CACHES = (
-    ml._indices,
-    ml._coalesce,
-    ml._compose,
-    ml._complement,
-    ml._is_injective,
-    ml._right_inverse,
-    ml._left_inverse,
-)
-
-
 def clear_caches() -> None:
-    for cache in CACHES:
-        cache.cache_clear()
+    ml.clear_caches()
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int, before: Callable[[], None]) -> float:

@@ -38,6 +38,7 @@ import numpy.typing as npt
 
 from .inttuple import check_elements, check_int, is_int, suffix_product
 from .layout import Layout, make_layout
+from .layout._core import admissibility
 from .rank_map import MAX_RANK, MAX_WORLD, RankMap
 
 __all__ = ["Dim", "Mesh"]
@@ -244,8 +245,7 @@ class Mesh:
             if len(set(chosen)) != len(chosen):
                 raise ValueError(f"flatten dims {list(dims)} name the same dim twice")
         flat_name = "_".join(self._names[i] for i in chosen) if name is None else name
-        modes = [m for i in chosen for m in self._axes[i].modes]
-        merged = Layout(*_pack_modes(modes))
+        merged = make_layout(*(self._axes[i] for i in chosen))  # canonicalised below
         first = chosen[0]
         keep = [i for i in range(self.ndim) if i == first or i not in chosen]
         return Mesh._from_parts(
@@ -479,13 +479,6 @@ def _ranks_repr(rank_map: RankMap) -> str:
     return str(rng) if rng is not None else repr(rank_map)[len("RankMap(") : -1]
 
 
-def _pack_modes(modes: list[tuple[int, int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    modes = [m for m in modes if m[0] > 1]
-    if not modes:
-        return (1,), (0,)
-    return tuple(s for s, _ in modes), tuple(d for _, d in modes)
-
-
 def _canonical(axis: Layout) -> Layout:
     """The flat, coalesced form of an axis (the key for equality and hashing)."""
     return axis.coalesce()
@@ -584,16 +577,10 @@ _TILING_OK: set[tuple[tuple[Layout, ...], int]] = set()  # (axes, n) known to ti
 
 
 def _check_tiling_uncached(names: tuple[str, ...], axes: tuple[Layout, ...], n: int) -> None:
-    modes = sorted((m for a in axes for m in a.modes if m[0] > 1), key=lambda m: (m[1], m[0]))
-    span = 1
-    for s, d in modes:
-        if d == 0 or d % span != 0:
-            raise ValueError(
-                f"the axes {dict(zip(names, map(str, axes)))} overlap: the mode {s}:{d} "
-                f"shares positions with the smaller modes (span {span})"
-            )
-        span = s * d
-    if span > n or n % span != 0:
+    problem, span = admissibility(make_layout(*axes))
+    if problem is not None:
+        raise ValueError(f"the axes {dict(zip(names, map(str, axes)))} overlap: {problem}")
+    if n % span != 0:
         raise ValueError(
             f"the axes {dict(zip(names, map(str, axes)))} reach position {span - 1}, so the "
             f"rank map needs a multiple of {span} ranks, but it has {n}"

@@ -1,59 +1,46 @@
-"""CuTe-style layouts in the lexicographic (row-major) convention.
+"""The :class:`Layout` value object: construction, evaluation, simplification, predicates.
 
-A :class:`Layout` is a function from coordinates to integers, written
-``shape:stride``. The *last* mode varies fastest, as in numpy and PyTorch, so
-the compact layout of shape ``(2, 4)`` is ``(2,4):(4,1)``:
-
->>> L = Layout((2, 4))
->>> L
-(2,4):(4,1)
->>> [L(i) for i in range(L.size())]
-[0, 1, 2, 3, 4, 5, 6, 7]
->>> L((1, 2))
-6
->>> Layout((2, 4), (1, 2)).indices().tolist()
-[0, 2, 4, 6, 1, 3, 5, 7]
-
-The algebra (composition, complement, inverses, divide and product) follows
-CUTLASS's CuTe, mirrored to row-major: where CuTe writes ``(tile, rest)`` we
-write ``(rest, tile)`` so that each *row* of a divided layout is one tile.
-Every precondition is checked; a violated one raises ``ValueError`` naming the
-layouts and the rule, never a silently wrong layout:
-
->>> logical_divide(Layout(24), Layout(4))
-(6,4):(4,1)
->>> Layout((2, 3), (6, 1)).compose(Layout(4))
-Traceback (most recent call last):
-...
-ValueError: cannot compose (2,3):(6,1) ∘ 4:1: shape divisibility: 4 elements of stride 1 \
-must fill whole modes of (2,3):(6,1) or end inside one, but the mode 3:1 holds 3 \
-(and 4 % 3 != 0)
+The algebra that builds new layouts from old ones (composition, complement,
+inverses, divide, product) lives in :mod:`meshlayout.layout._algebra`; the
+methods of :class:`Layout` that need it import it when called.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
-import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from .inttuple import (
+from ..inttuple import (
     INT64_MAX,
     IntTuple,
     check_elements,
+    check_int,
     check_int_tuple,
     congruent,
     flatten,
+    is_int,
     product,
     suffix_product,
     unflatten_like,
 )
 
-__all__ = ["Layout", "logical_divide", "logical_product", "make_layout"]
+__all__ = [
+    "Layout",
+    "Mode",
+    "admissibility",
+    "as_layout",
+    "coalesce",
+    "is_injective",
+    "make_layout",
+    "nontrivial_sorted",
+    "pack",
+    "require_injective_admissible",
+]
 
 Mode = tuple[int, int]  # (size, stride) of one flat mode
 
@@ -167,9 +154,7 @@ class Layout:
     def __getitem__(self, i: int | slice) -> Layout:
         if isinstance(i, slice):
             return Layout(self.shape[i], self.stride[i])
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
-            raise TypeError(f"Layout index must be an int or slice, got {i!r}")
-        i = int(i)
+        i = check_int(i, "a Layout mode index")
         if not -len(self) <= i < len(self):
             raise IndexError(f"mode {i} out of range for {self!r} with {len(self)} modes")
         return Layout(self.shape[i], self.stride[i])
@@ -230,7 +215,7 @@ does not fit in int64 (at most 9223372036854775807); evaluate coordinates one by
         >>> Layout((2, 1, 4), (4, 7, 1)).coalesce()
         8:1
         """
-        return _coalesce(self)
+        return coalesce(self)
 
     def filter(self) -> Layout:
         """Coalesce after dropping stride-0 (broadcast) modes: the image as a layout.
@@ -238,7 +223,7 @@ does not fit in int64 (at most 9223372036854775807); evaluate coordinates one by
         >>> Layout((2, 3, 4), (0, 4, 1)).filter()
         12:1
         """
-        return _coalesce(Layout(*_pack([(s, d) for s, d in self.modes if d != 0])))
+        return coalesce(Layout(*pack([(s, d) for s, d in self.modes if d != 0])))
 
     # ------------------------------------------------------------------ algebra
     def compose(self, other: Layout | int | tuple[Any, ...]) -> Layout:
@@ -254,9 +239,9 @@ does not fit in int64 (at most 9223372036854775807); evaluate coordinates one by
         >>> Layout((4, 6)).compose(Layout(4, 6))
         4:6
         """
-        if isinstance(other, tuple):
-            return _compose_by_mode(self, other)
-        return _compose(self, _as_layout(other, "compose"))
+        from ._algebra import compose
+
+        return compose(self, other)
 
     def __matmul__(self, other: Layout) -> Layout:
         return self.compose(other)
@@ -275,13 +260,14 @@ does not fit in int64 (at most 9223372036854775807); evaluate coordinates one by
         >>> Layout((2, 2), (8, 2)).complement(32)
         (2,2,2):(16,4,1)
         """
-        if cotarget is None:
-            cotarget = self.cosize()
-        if isinstance(cotarget, bool) or not isinstance(cotarget, (int, np.integer)):
-            raise TypeError(f"complement cotarget must be an int, got {cotarget!r}")
-        if cotarget < 1:
-            raise ValueError(f"complement cotarget must be >= 1, got {cotarget}")
-        return _complement(self, int(cotarget))
+        from ._algebra import complement
+
+        n = (
+            self.cosize()
+            if cotarget is None
+            else check_int(cotarget, "complement cotarget", minimum=1)
+        )
+        return complement(self, n)
 
     def right_inverse(self) -> Layout:
         """The largest ``R`` with ``self(R(i)) == i`` for every ``i < size(R)``.
@@ -289,7 +275,9 @@ does not fit in int64 (at most 9223372036854775807); evaluate coordinates one by
         >>> Layout((4, 2), (1, 4)).right_inverse()
         (2,4):(1,2)
         """
-        return _right_inverse(self)
+        from ._algebra import right_inverse
+
+        return right_inverse(self)
 
     def left_inverse(self) -> Layout:
         """A layout ``L`` with ``L(self(i)) == i`` for every ``i < size(self)``.
@@ -299,18 +287,20 @@ does not fit in int64 (at most 9223372036854775807); evaluate coordinates one by
         >>> Layout((2, 3), (1, 2)).left_inverse()(Layout((2, 3), (1, 2))(4))
         4
         """
-        return _left_inverse(self)
+        from ._algebra import left_inverse
+
+        return left_inverse(self)
 
     def is_injective(self) -> bool:
         """No two coordinates map to the same index."""
-        return _is_injective(self)
+        return is_injective(self)
 
     def is_admissible(self) -> bool:
         """Injective with strides that nest: sorted by stride, each divides the next span.
 
         This is the precondition of :meth:`complement` and :meth:`left_inverse`.
         """
-        return _admissibility_problem(self) is None
+        return admissibility(self)[0] is None
 
     def equivalent(self, other: Layout) -> bool:
         """Same function: same size and ``self(i) == other(i)`` for every ``i``."""
@@ -326,15 +316,16 @@ does not fit in int64 (at most 9223372036854775807); evaluate coordinates one by
 # ---------------------------------------------------------------------- helpers
 
 
-def _as_layout(x: Layout | int, op: str) -> Layout:
+def as_layout(x: Layout | int, op: str) -> Layout:
+    """``x`` itself, or the compact layout ``x:1`` for an int; TypeError naming ``op`` else."""
     if isinstance(x, Layout):
         return x
-    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
-        return Layout(int(x))
+    if is_int(x):
+        return Layout(check_int(x, op))
     raise TypeError(f"{op} expects a Layout or an int, got {x!r} of type {type(x).__name__}")
 
 
-def _pack(modes: Sequence[Mode]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def pack(modes: Sequence[Mode]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Shape and stride tuples of flat modes; the empty list is the layout ``1:0``."""
     if not modes:
         return (1,), (0,)
@@ -371,9 +362,12 @@ def _eval(shape: IntTuple, stride: IntTuple, coord: Any, top: Layout) -> int:
             )
         assert isinstance(stride, tuple)
         return sum(_eval(s, d, c, top) for s, d, c in zip(shape, stride, coord))
-    if isinstance(coord, bool) or not isinstance(coord, (int, np.integer)):
-        raise TypeError(f"a layout coordinate must be an int or a tuple, got {coord!r}")
-    i = int(coord)
+    if not is_int(coord):
+        raise TypeError(
+            f"a layout coordinate must be an int or a tuple, got {coord!r} of type "
+            f"{type(coord).__name__}"
+        )
+    i = check_int(coord, "a layout coordinate")
     n = product(shape)
     if not 0 <= i < n:
         raise ValueError(f"coordinate {i} out of range [0, {n}) for mode {_fmt(shape)} of {top!r}")
@@ -414,7 +408,7 @@ def _mode_values(modes: tuple[Mode, ...]) -> npt.NDArray[np.int64]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _coalesce(layout: Layout) -> Layout:
+def coalesce(layout: Layout) -> Layout:
     out: list[Mode] = []
     for s, d in layout.modes:
         if s == 1:
@@ -423,31 +417,42 @@ def _coalesce(layout: Layout) -> Layout:
             out[-1] = (out[-1][0] * s, d)
         else:
             out.append((s, d))
-    return Layout(*_pack(out))
+    return Layout(*pack(out))
 
 
-def _nontrivial_sorted(layout: Layout) -> list[Mode]:
+def nontrivial_sorted(layout: Layout) -> list[Mode]:
     return sorted((m for m in layout.modes if m[0] > 1), key=lambda m: (m[1], m[0]))
 
 
-def _admissibility_problem(layout: Layout) -> str | None:
-    """Why ``layout`` is not admissible (None if it is)."""
+def admissibility(layout: Layout) -> tuple[str | None, int]:
+    """``(why layout is not admissible or None, span)``: the one admissibility check.
+
+    Admissible: sorted by stride, each non-trivial mode starts at a multiple of the
+    span (size × stride) of the smaller ones, so the modes tile without overlap;
+    ``span`` is then the size × stride of the largest mode (1 for no mode), the
+    extent the layout and its complement tile. Meshes use it to check their axes.
+
+    >>> admissibility(Layout((2, 4), (1, 2)))
+    (None, 8)
+    >>> admissibility(Layout((2, 2), (1, 1)))[0]
+    'sorted by stride, the mode 2:1 does not start at a multiple of the span 2 of the smaller modes (1 % 2 != 0)'
+    """
     span = 1
-    for s, d in _nontrivial_sorted(layout):
+    for s, d in nontrivial_sorted(layout):
         if d == 0:
-            return f"the mode {s}:0 repeats every index {s} times (stride 0)"
+            return f"the mode {s}:0 repeats every index {s} times (stride 0)", span
         if d % span != 0:
             return (
                 f"sorted by stride, the mode {s}:{d} does not start at a multiple of the "
                 f"span {span} of the smaller modes ({d} % {span} != 0)"
-            )
+            ), span
         span = s * d
-    return None
+    return None, span
 
 
 @functools.lru_cache(maxsize=4096)
-def _is_injective(layout: Layout) -> bool:
-    modes = _nontrivial_sorted(layout)
+def is_injective(layout: Layout) -> bool:
+    modes = nontrivial_sorted(layout)
     if any(d == 0 for _, d in modes):
         return False
     reach = 0  # largest value reachable by the smaller modes
@@ -461,205 +466,14 @@ def _is_injective(layout: Layout) -> bool:
     return bool(np.unique(values).size == values.size)
 
 
-def _require_injective_admissible(layout: Layout, op: str) -> None:
-    if not _is_injective(layout):
+def require_injective_admissible(layout: Layout, op: str) -> None:
+    if not is_injective(layout):
         raise ValueError(
             f"{op} of {layout!r} is undefined: the layout is not injective "
             "(two coordinates map to the same index)"
         )
-    problem = _admissibility_problem(layout)
+    problem = admissibility(layout)[0]
     if problem is not None:
         raise ValueError(
             f"{op} of {layout!r} is undefined: the layout is not admissible: {problem}"
         )
-
-
-# ---------------------------------------------------------------------- composition
-
-
-def _overlap_problem(b: Layout) -> str | None:
-    """Why the non-broadcast modes of ``b`` overlap (None if they do not).
-
-    Sorted by stride, each mode must start at or after the span (size×stride) of the
-    previous one, so that the values of different modes add without carries.
-    Unlike admissibility, holes are allowed: ``(2,2):(3,1)`` does not overlap.
-    """
-    modes = sorted((m for m in b.modes if m[0] > 1 and m[1] != 0), key=lambda m: (m[1], m[0]))
-    for (s0, d0), (s1, d1) in itertools.pairwise(modes):
-        if d1 < s0 * d0:
-            return (
-                f"the mode {s1}:{d1} starts inside the span {s0 * d0} of the mode {s0}:{d0} "
-                f"({d1} < {s0}*{d0})"
-            )
-    return None
-
-
-def _compose_by_mode(a: Layout, tilers: tuple[Any, ...]) -> Layout:
-    if len(tilers) > len(a):
-        raise ValueError(f"cannot compose {a!r} by mode with {len(tilers)} tilers: it has {len(a)}")
-    parts = []
-    for i in range(len(a)):
-        if i < len(tilers) and tilers[i] is not None:
-            parts.append(a[i].compose(tilers[i]))
-        else:
-            parts.append(a[i])
-    return make_layout(*parts)
-
-
-@functools.lru_cache(maxsize=4096)
-def _compose(a: Layout, b: Layout) -> Layout:
-    if b.cosize() > a.size():
-        raise ValueError(
-            f"cannot compose {a!r} ∘ {b!r}: domain: {b!r} reaches index {b.cosize() - 1} "
-            f"but {a!r} is defined on [0, {a.size()})"
-        )
-    problem = _overlap_problem(b)
-    if problem is not None:
-        raise ValueError(
-            f"cannot compose {a!r} ∘ {b!r}: the modes of {b!r} overlap "
-            f"(they must cover disjoint digit ranges): {problem}"
-        )
-    a_modes = a.coalesce().modes
-    flat_results = [_compose_mode(a, b, a_modes, s, d) for s, d in b.modes]
-    it = iter(flat_results)
-
-    def build(shape: IntTuple) -> tuple[IntTuple, IntTuple]:
-        if isinstance(shape, int):
-            modes = next(it)
-            if len(modes) == 1:
-                return modes[0]
-            return tuple(m[0] for m in modes), tuple(m[1] for m in modes)
-        pairs = [build(e) for e in shape]
-        return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
-
-    shape, stride = build(b.shape)
-    return Layout(shape, stride)
-
-
-def _compose_mode(a: Layout, b: Layout, a_modes: tuple[Mode, ...], s: int, d: int) -> list[Mode]:
-    """Flat modes (slowest first) of ``a ∘ (s:d)``; ``a_modes`` coalesced, slowest first."""
-    if s == 1 or d == 0:
-        return [(s, 0)]
-    result: list[Mode] = []  # fastest first
-    rest_shape, rest_stride = s, d
-    for cs, cd in reversed(a_modes[1:]):  # every mode but the slowest, fastest first
-        if rest_shape == 1:
-            break
-        if rest_stride % cs == 0:
-            rest_stride //= cs
-            continue
-        if cs % rest_stride != 0:
-            raise ValueError(
-                f"cannot compose {a!r} ∘ {b!r}: stride divisibility: the stride {rest_stride} "
-                f"left of {s}:{d} neither divides nor is a multiple of the mode {cs}:{cd}"
-            )
-        available = cs // rest_stride
-        if rest_shape > available and rest_shape % available != 0:
-            raise ValueError(
-                f"cannot compose {a!r} ∘ {b!r}: shape divisibility: {rest_shape} elements of "
-                f"stride {rest_stride} must fill whole modes of {a!r} or end inside one, but "
-                f"the mode {cs}:{cd} holds {available} (and {rest_shape} % {available} != 0)"
-            )
-        take = min(available, rest_shape)
-        result.append((take, rest_stride * cd))
-        rest_shape //= take
-        rest_stride = 1
-    if rest_shape > 1:
-        cs, cd = a_modes[0]
-        result.append((rest_shape, rest_stride * cd))
-    modes = [m for m in reversed(result) if m[0] > 1]
-    return modes or [(1, 0)]
-
-
-# ---------------------------------------------------------------------- complement, inverses
-
-
-@functools.lru_cache(maxsize=4096)
-def _complement(a: Layout, cotarget: int) -> Layout:
-    _require_injective_admissible(a, "complement")
-    result: list[Mode] = []  # fastest first
-    current = 1
-    for s, d in _nontrivial_sorted(a):
-        gap = d // current
-        if gap > 1:
-            result.append((gap, current))
-        current = s * d
-    rest = -(-cotarget // current)
-    if rest > 1:
-        result.append((rest, current))
-    return _coalesce(Layout(*_pack(result[::-1])))
-
-
-@functools.lru_cache(maxsize=4096)
-def _right_inverse(a: Layout) -> Layout:
-    flat = a.coalesce()
-    shapes = tuple(s for s, _ in flat.modes)
-    domain_strides = suffix_product(shapes)
-    pairs = sorted((d, s, ds) for (s, d), ds in zip(flat.modes, domain_strides) if s > 1 and d > 0)
-    result: list[Mode] = []  # fastest first
-    current = 1
-    for d, s, ds in pairs:
-        if d != current:
-            break
-        result.append((s, ds))
-        current *= s
-    return _coalesce(Layout(*_pack(result[::-1])))
-
-
-@functools.lru_cache(maxsize=4096)
-def _left_inverse(a: Layout) -> Layout:
-    _require_injective_admissible(a, "left_inverse")
-    return make_layout(a.complement(), a).right_inverse()
-
-
-# ---------------------------------------------------------------------- divide, product
-
-
-def logical_divide(a: Layout, tiler: Layout | int) -> Layout:
-    """Split ``a`` into tiles of ``tiler``: the two modes ``(rest, tile)``, tile last.
-
-    Each row of the result enumerates one tile (one group), so
-    ``logical_divide(24:1, 4:1)`` lists the groups ``[0..3], [4..7], …``:
-
-    >>> logical_divide(Layout(24), 4)
-    (6,4):(4,1)
-    >>> logical_divide(Layout(24), Layout(4, 6))
-    (6,4):(1,6)
-
-    Equals ``a ∘ make_layout(complement(tiler, size(a)), tiler)``. The tiles must
-    fit ``a`` exactly: a tiler that would pad past ``size(a)`` raises ``ValueError``
-    (CuTe would silently evaluate ``a`` outside its domain):
-
-    >>> logical_divide(Layout(6), 4)
-    Traceback (most recent call last):
-    ...
-    ValueError: cannot divide 6:1 by 4:1: the tiles (2,4):(4,1) reach index 7 but 6:1 is \
-defined on [0, 6) (the tiler must tile the size of the layout exactly)
-    """
-    if not isinstance(a, Layout):
-        raise TypeError(f"logical_divide expects a Layout first, got {type(a).__name__}")
-    b = _as_layout(tiler, "logical_divide")
-    rest = b.complement(a.size())
-    whole = make_layout(rest, b)
-    if whole.cosize() > a.size():
-        raise ValueError(
-            f"cannot divide {a!r} by {b!r}: the tiles {whole!r} reach index "
-            f"{whole.cosize() - 1} but {a!r} is defined on [0, {a.size()}) "
-            "(the tiler must tile the size of the layout exactly)"
-        )
-    return make_layout(a.compose(rest), a.compose(b))
-
-
-def logical_product(a: Layout, tiler: Layout | int) -> Layout:
-    """Repeat ``a`` as laid out by ``tiler``: ``(complement(a, size(a)·cosize(tiler)) ∘ tiler, a)``.
-
-    >>> logical_product(Layout(4), 3)
-    (3,4):(4,1)
-    >>> logical_product(Layout((2, 2), (4, 1)), Layout(2))
-    (2,(2,2)):(2,(4,1))
-    """
-    if not isinstance(a, Layout):
-        raise TypeError(f"logical_product expects a Layout first, got {type(a).__name__}")
-    b = _as_layout(tiler, "logical_product")
-    rest = a.complement(a.size() * b.cosize())
-    return make_layout(rest.compose(b), a)
