@@ -29,6 +29,7 @@ A *chunk* is ``(offsets, sizes)`` in global indices, as DCP's ``ChunkStorageMeta
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -164,14 +165,44 @@ def _check_chunk(shape: tuple[int, ...], i: int, chunk: Any) -> Chunk:
     return offs, szs
 
 
+def _overlapping_pairs(
+    items: Sequence[tuple[int, Box]], dim: int, *, first: bool = False
+) -> list[tuple[int, int, Box]]:
+    """Pairs of ``(id, box)`` items sharing elements: ``(i, j, common box)``, i < j, sorted.
+
+    A sweep along ``dim`` over the items sorted by start: each box is compared only
+    with the earlier boxes still open at its start (for a tiling, its few neighbours).
+    ``first=True`` stops at the first pair found.
+    """
+    if items and not items[0][1]:  # 0-d: every chunk holds the one element
+        pairs: list[tuple[int, int, Box]] = [
+            (min(i, j), max(i, j), ()) for (i, _), (j, _) in itertools.combinations(items, 2)
+        ]
+        return sorted(pairs)[:1] if first else sorted(pairs)
+    found: list[tuple[int, int, Box]] = []
+    active: list[tuple[int, int, int]] = []  # (stop along dim, position, id), sorted
+    ordered = sorted(items, key=lambda item: item[1][dim][0])
+    for pos, (i, box) in enumerate(ordered):
+        start = box[dim][0]
+        del active[: bisect.bisect_right(active, (start, len(ordered), 0))]
+        for _, p, j in active:
+            common = intersect(box, ordered[p][1])
+            if common is not None:
+                found.append((min(i, j), max(i, j), common))
+                if first:
+                    return found
+        bisect.insort(active, (box[dim][1], pos, i))
+    return sorted(found)
+
+
 @dataclass(frozen=True)
 class ChunkIndex:
     """The saved chunks of one tensor of ``shape``, indexed for box queries.
 
     Queries sweep the dim with the most distinct chunk offsets: the candidates of a
     box are found by bisection, so a load plan costs O(log chunks + overlapping
-    chunks) per destination box. Empty chunks are kept (indices stay those of the
-    metadata) but never read.
+    chunks) per destination box (building the index: O(chunks log chunks)). Empty
+    chunks are kept (indices stay those of the metadata) but never read.
 
     >>> index = ChunkIndex((6,), [((0,), (3,)), ((3,), (3,))])
     >>> [(r.chunk, r.storage_offsets, r.lengths) for r in index.reads([RunBox(((2, 5),), (0,))])]
@@ -179,79 +210,92 @@ class ChunkIndex:
     """
 
     shape: tuple[int, ...]
-    chunks: tuple[Chunk, ...]
-    _boxes: tuple[Box, ...] = field(init=False, repr=False, compare=False)
-    _dim: int = field(init=False, repr=False, compare=False)
-    _starts: list[int] = field(init=False, repr=False, compare=False)
-    _order: list[int] = field(init=False, repr=False, compare=False)
-    _reach: int = field(init=False, repr=False, compare=False)
-    _overlaps: list[tuple[int, int, Box]] = field(init=False, repr=False, compare=False)
+    _offsets: Any = field(repr=False, compare=False)
+    _sizes: Any = field(repr=False, compare=False)
+    _dim: int = field(repr=False, compare=False)
+    _order: Any = field(repr=False, compare=False)
+    _starts: Any = field(repr=False, compare=False)
+    _reach: int = field(repr=False, compare=False)
 
     def __init__(self, shape: Sequence[int], chunks: Sequence[Any]) -> None:
         shp = tuple(int(n) for n in shape)
         if any(n < 0 for n in shp):
             raise ValueError(f"tensor shape {shp} has negative sizes")
-        checked = tuple(_check_chunk(shp, i, c) for i, c in enumerate(chunks))
-        boxes = tuple(chunk_box(c) for c in checked)
-        for i, (box, (_, sizes)) in enumerate(zip(boxes, checked)):
-            if any(s < 0 for s in sizes) or any(a < 0 or b > n for (a, b), n in zip(box, shp)):
-                raise ValueError(
-                    f"chunk {i} (offsets {checked[i][0]}, sizes {sizes}) lies outside the "
-                    f"tensor of shape {shp}"
-                )
-        live = [i for i, b in enumerate(boxes) if _volume(b) > 0]
+        nd, n = len(shp), len(chunks)
+        try:  # vectorised: metadata may list thousands of chunks per tensor
+            offs = np.array([c[0] for c in chunks], dtype=np.int64).reshape(n, nd)
+            sizes = np.array([c[1] for c in chunks], dtype=np.int64).reshape(n, nd)
+            if any(len(c) != 2 for c in chunks):
+                raise ValueError("not (offsets, sizes)")
+        except (TypeError, ValueError, IndexError, KeyError, OverflowError):
+            for i, c in enumerate(chunks):  # find and name the bad chunk
+                _check_chunk(shp, i, c)
+            raise
+        bad = np.flatnonzero(
+            ((sizes < 0) | (offs < 0) | (offs + sizes > np.array(shp, dtype=np.int64))).any(axis=1)
+        )
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"chunk {i} (offsets {tuple(offs[i].tolist())}, sizes "
+                f"{tuple(sizes[i].tolist())}) lies outside the tensor of shape {shp}"
+            )
+        live = np.flatnonzero((sizes > 0).all(axis=1))
         dim = 0
-        if shp:
-            dim = max(range(len(shp)), key=lambda d: len({boxes[i][d][0] for i in live}))
-        order = sorted(live, key=lambda i: boxes[i][dim][0] if shp else 0)
+        if nd > 1 and live.size:
+            dim = int(np.argmax([np.unique(offs[live, d]).size for d in range(nd)]))
+        if nd:
+            order = live[np.argsort(offs[live, dim], kind="stable")]
+            starts = offs[order, dim]
+            reach = int(sizes[live, dim].max()) if live.size else 0
+        else:
+            order, starts, reach = live, live, 1
         object.__setattr__(self, "shape", shp)
-        object.__setattr__(self, "chunks", checked)
-        object.__setattr__(self, "_boxes", boxes)
+        object.__setattr__(self, "_offsets", offs)
+        object.__setattr__(self, "_sizes", sizes)
         object.__setattr__(self, "_dim", dim)
         object.__setattr__(self, "_order", order)
-        object.__setattr__(self, "_starts", [boxes[i][dim][0] if shp else 0 for i in order])
-        reach = max((boxes[i][dim][1] - boxes[i][dim][0] for i in live), default=0) if shp else 1
+        object.__setattr__(self, "_starts", starts)
         object.__setattr__(self, "_reach", reach)
-        object.__setattr__(self, "_overlaps", self._sweep_overlaps())
+
+    @functools.cached_property
+    def chunks(self) -> tuple[Chunk, ...]:
+        """Every saved chunk as ``(offsets, sizes)``, in metadata order."""
+        return tuple(
+            (tuple(o), tuple(z)) for o, z in zip(self._offsets.tolist(), self._sizes.tolist())
+        )
+
+    def box(self, i: int) -> Box:
+        """The global box of saved chunk ``i``."""
+        offs = self._offsets[i].tolist()
+        return tuple((a, a + z) for a, z in zip(offs, self._sizes[i].tolist()))
+
+    def _live(self) -> list[int]:
+        """Non-empty chunks, sorted by start along the sweep dim."""
+        return [int(i) for i in self._order.tolist()]
 
     def _candidates(self, box: Box) -> list[int]:
         """Live chunks that may share elements with ``box`` (a superset, in sweep order)."""
         if not self.shape:
-            return list(self._order)
+            return self._live()
         lo, hi = box[self._dim]
-        first = bisect.bisect_right(self._starts, lo - self._reach)
-        last = bisect.bisect_left(self._starts, hi)
-        return self._order[first:last]
+        first = int(np.searchsorted(self._starts, lo - self._reach, side="right"))
+        last = int(np.searchsorted(self._starts, hi, side="left"))
+        return [int(i) for i in self._order[first:last].tolist()]
 
     def overlapping(self, box: Box) -> list[tuple[int, Box]]:
         """``(chunk index, common box)`` for every saved chunk sharing elements with ``box``."""
         out = []
         for i in self._candidates(box):
-            common = intersect(self._boxes[i], box)
+            common = intersect(self.box(i), box)
             if common is not None:
                 out.append((i, common))
         return out
 
-    def _sweep_overlaps(self) -> list[tuple[int, int, Box]]:
-        found: list[tuple[int, int, Box]] = []
-        if not self.shape:  # every chunk of a 0-d tensor holds its one element
-            return [(i, j, ()) for i, j in itertools.combinations(self._order, 2)]
-        active: list[tuple[int, int]] = []  # (stop along the sweep dim, chunk), sorted
-        for i in self._order:
-            box = self._boxes[i]
-            start = box[self._dim][0]
-            del active[: bisect.bisect_right(active, (start, len(self._boxes)))]
-            for _, j in active:
-                common = intersect(box, self._boxes[j])
-                if common is not None:
-                    found.append((min(i, j), max(i, j), common))
-            bisect.insort(active, (box[self._dim][1], i))
-        return sorted(found)
-
-    @property
+    @functools.cached_property
     def overlaps(self) -> list[tuple[int, int, Box]]:
         """Every pair of saved chunks sharing elements: ``(i, j, common box)``, i < j."""
-        return list(self._overlaps)
+        return _overlapping_pairs([(i, self.box(i)) for i in self._live()], self._dim)
 
     def reads(self, boxes: Sequence[RunBox], what: str = "tensor") -> list[Read]:
         """The reads that fill destination ``boxes`` exactly from the saved chunks.
@@ -259,42 +303,47 @@ class ChunkIndex:
         ValueError, naming ``what``, if saved chunks overlap inside a destination box
         (the value to load is ambiguous) or leave some of its elements uncovered (the
         checkpoint does not hold them): loading never keeps stale values silently.
+        Exactness is checked per box: the pieces' volumes sum to the box's, and (when
+        there are several) no two pieces share an element.
         """
         out: list[Read] = []
         for b, rb in enumerate(boxes):
             box = rb.box
-            if _volume(box) == 0:
-                continue
             if len(box) != len(self.shape):
                 raise ValueError(
                     f"{what}: destination box {box} does not have {len(self.shape)} dims"
                 )
+            volume = _volume(box)
+            if volume == 0:
+                continue
+            found = self.overlapping(box)
             covered = 0
-            for i, common in self.overlapping(box):
+            for i, common in found:
                 covered += _volume(common)
-                saved = self._boxes[i]
+                saved = self._offsets[i].tolist()
                 out.append(
                     Read(
                         b,
                         i,
                         tuple(a - d for (a, _), (d, _) in zip(common, box)),
-                        tuple(a - s for (a, _), (s, _) in zip(common, saved)),
+                        tuple(a - s for (a, _), s in zip(common, saved)),
                         tuple(e - a for a, e in common),
                     )
                 )
-            clash = [(i, j, c) for i, j, c in self._overlaps if intersect(c, box) is not None]
-            if clash:
-                i, j, c = clash[0]
-                raise ValueError(
-                    f"{what}: saved chunks {i} {self.chunks[i]} and {j} {self.chunks[j]} "
-                    f"overlap on {c} inside the destination box {box}; the checkpoint is "
-                    f"ambiguous there ({len(clash)} overlapping pairs)"
-                )
-            if covered != _volume(box):
+            if len(found) > 1 or covered != volume:
+                clash = _overlapping_pairs(found, self._dim, first=True)
+                if clash:
+                    i, j, c = clash[0]
+                    raise ValueError(
+                        f"{what}: saved chunks {i} {self.chunks[i]} and {j} {self.chunks[j]} "
+                        f"overlap on {c} inside the destination box {box}; the checkpoint "
+                        "is ambiguous there"
+                    )
+            if covered != volume:
                 raise ValueError(
                     f"{what}: the checkpoint's chunks cover {covered} of the "
-                    f"{_volume(box)} elements of the destination box {box}; "
-                    f"{_volume(box) - covered} elements were never saved"
+                    f"{volume} elements of the destination box {box}; "
+                    f"{volume - covered} elements were never saved"
                 )
         return out
 
@@ -352,8 +401,8 @@ def tiling(shape: Sequence[int], chunks: Sequence[Any]) -> Tiling:
     """
     index = ChunkIndex(shape, chunks)
     shp = index.shape
-    boxes = [index._boxes[i] for i in index._order]
-    pairs = index._overlaps
+    boxes = [index.box(i) for i in index._live()]
+    pairs = index.overlaps
     total = math.prod(shp)
     holes: list[Box] = []
     missing: int | None
@@ -383,7 +432,9 @@ def tiling(shape: Sequence[int], chunks: Sequence[Any]) -> Tiling:
             missing = total - sum(_volume(b) for b in boxes)
         else:
             missing = None
-    return Tiling(shp, len(index.chunks), tuple(holes), missing, tuple(pairs[:_NAMED]), len(pairs))
+    return Tiling(
+        shp, len(index._offsets), tuple(holes), missing, tuple(pairs[:_NAMED]), len(pairs)
+    )
 
 
 def _merge_cells(cells: Any, cuts: list[list[int]]) -> list[Box]:

@@ -52,6 +52,7 @@ from torch.distributed.tensor import DTensor
 
 from ...mesh import Mesh
 from ...sharding import Box, Partial, RunBox, ShardingSpec, run_boxes
+from .._c10d import local_tensor
 from ._plan import ChunkIndex, written_boxes
 
 __all__ = ["ExactLoadPlanner", "ExactSavePlanner", "dtensor_spec"]
@@ -97,7 +98,7 @@ def _rank() -> int:
 
 def _handled(value: Any) -> bool:
     """A DTensor whose local tensor is a plain tensor (subclasses keep their own protocol)."""
-    return isinstance(value, DTensor) and not hasattr(value._local_tensor, "__create_write_items__")
+    return isinstance(value, DTensor) and not hasattr(local_tensor(value), "__create_write_items__")
 
 
 def _local_piece(fqn: str, tensor: DTensor, spec: ShardingSpec, rank: int) -> torch.Tensor:
@@ -291,11 +292,15 @@ class ExactLoadPlanner(DefaultLoadPlanner):
     def _exact_reads(self) -> list[ReadItem]:
         saved = self._require_metadata().state_dict_metadata
         items: list[ReadItem] = []
+        indices: dict[Any, ChunkIndex] = {}
         for fqn, target in self.state_dict.items():
             md = saved.get(fqn)
             if not isinstance(target, _LoadTarget) or not isinstance(md, TensorStorageMetadata):
                 continue
-            index = ChunkIndex(md.size, [(c.offsets, c.sizes) for c in md.chunks])
+            layout = (md.size, tuple((c.offsets, c.sizes) for c in md.chunks))
+            index = indices.get(layout)
+            if index is None:  # tensors of one shape and sharding share one index
+                index = indices[layout] = ChunkIndex(*layout)
             for r in index.reads(target.boxes, what=fqn):
                 chunk = md.chunks[r.chunk]
                 items.append(
