@@ -6,7 +6,18 @@ STAMP := $(VENV)/.installed
 # torch is pinned for development and CI: any other request pulls GBs of CUDA wheels.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: setup test lint typecheck pytest demo bench clean
+.PHONY: setup test lint typecheck pytest demo bench clean test-torch-latest
+
+# The newest torch pip installs here, tried in a venv of its own: not part of `make test` or CI.
+# It is a CUDA build (it runs on the CPU) of about 5.6 GB; see docs/runtime.md for disk and time.
+LATEST_PYTHON ?= python3.11
+LATEST_VENV := .venv-torch-latest
+LATEST_PY := $(LATEST_VENV)/bin/python
+LATEST_STAMP := $(LATEST_VENV)/.installed
+TORCH_LATEST ?= torch==2.14.1
+# The torch side: every test in a file that needs torch, then the torch tests of the other files.
+TORCH_TEST_FILES := $(sort $(wildcard tests/test_*torch*.py) tests/test_demo.py tests/test_sharding_multiproc.py)
+LATEST_PYTEST_ARGS ?= -n 2 -q
 
 setup: $(STAMP)
 
@@ -39,5 +50,21 @@ bench: setup
 	$(PY) benchmarks/bench_sharding.py
 	$(PY) benchmarks/bench_runtime.py
 
+$(LATEST_STAMP): pyproject.toml
+	test -x $(LATEST_PY) || $(LATEST_PYTHON) -m venv $(LATEST_VENV)
+	echo '*' > $(LATEST_VENV)/.gitignore
+	$(LATEST_PY) -m pip install --quiet --upgrade pip
+	$(LATEST_PY) -m pip install --quiet "$(TORCH_LATEST)"
+	$(LATEST_PY) -m pip install --quiet -e ".[dev]" "$(TORCH_LATEST)"
+	touch $(LATEST_STAMP)
+
+test-torch-latest: $(LATEST_STAMP)
+	$(LATEST_PY) -c "import torch; print('torch', torch.__version__)"
+	status=0; \
+	$(LATEST_PY) -m pytest $(LATEST_PYTEST_ARGS) $(TORCH_TEST_FILES) || status=1; \
+	$(LATEST_PY) -m pytest $(LATEST_PYTEST_ARGS) -m "torch or multiprocess" tests \
+		$(addprefix --ignore=,$(TORCH_TEST_FILES)) || status=1; \
+	exit $$status
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(LATEST_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
