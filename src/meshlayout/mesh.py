@@ -332,9 +332,7 @@ class Mesh:
         return rank in self._rank_map
 
     def _position(self, rank: int, what: str) -> int:
-        if not is_int(rank):
-            raise TypeError(f"{what}: a rank is an int, got {rank!r}")
-        p = self._rank_map.position(int(rank))
+        p = self._rank_map.position(check_int(rank, f"{what}: rank"))
         if p is None:
             raise ValueError(f"{what}: rank {rank} is not in {self!r}")
         return p
@@ -357,9 +355,7 @@ class Mesh:
 
     def coordinate(self, rank: int) -> tuple[int, ...] | None:
         """Coordinate of ``rank`` in its sub-mesh, or None if the rank is not covered."""
-        if not is_int(rank):
-            raise TypeError(f"coordinate: a rank is an int, got {rank!r}")
-        p = self._rank_map.position(int(rank))
+        p = self._rank_map.position(check_int(rank, "coordinate: rank"))
         return None if p is None else self._coordinate_of(p)
 
     def local_rank(self, rank: int, dim: Dim) -> int:
