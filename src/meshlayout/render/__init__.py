@@ -8,7 +8,11 @@ Pure: numpy only, no torch, no network. The ``meshlayout`` command
 - :func:`html_page` — one self-contained page of sections (tables, text, inline SVG);
 - :func:`plan_report` / :func:`mesh_report` / :func:`shard_report` — JSON-ready dicts
   (keys documented in ``docs/cli.md``), and :func:`plan_text` / :func:`mesh_text` /
-  :func:`shard_text` — their plain-text tables;
+  :func:`shard_text` — their plain-text tables; ``complete=False`` gives the sampled
+  plan and mesh reports of the text output (any world size: the groups shown are
+  computed one by one, as :class:`RankSample`);
+- :data:`LIST_LIMIT` — most numbers a complete answer (JSON, host counts, pictures)
+  may enumerate; beyond it :class:`TooLargeError`;
 - :mod:`~meshlayout.render.torch_view` — what torch 2.13 reports for a placement list.
 """
 

@@ -1,4 +1,10 @@
-"""Compact text for rank lists, coordinates and runs; aligned plain-text tables."""
+"""Compact text for rank lists, coordinates and runs; aligned plain-text tables.
+
+The one home of rank-list formatting in :mod:`meshlayout.render`: abridged lists
+(:func:`ranks_text`, also of a :class:`RankSample`), cell labels
+(:func:`range_label`), rank maps (:func:`rank_map_text`) and the holders of a
+tensor element (:func:`holders_text`, :func:`held_by_text`).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,10 @@ from dataclasses import dataclass
 __all__ = [
     "RankSample",
     "coord_text",
+    "held_by_text",
     "holders_text",
     "range_label",
+    "rank_map_text",
     "ranks_text",
     "runs_text",
     "table",
@@ -72,6 +80,29 @@ def ranks_text(ranks: Sequence[int] | RankSample, limit: int = 8) -> str:
         return f"[{xs[0]}, {xs[1]}, .., {sample.last}] ({n} ranks)"
     head = ", ".join(map(str, xs[: limit - 2]))
     return f"[{head}, .. +{n - limit + 2}] ({n} ranks)"
+
+
+def rank_map_text(rng: Sequence[int] | None, ranks: Sequence[int] | RankSample) -> str:
+    """A rank map: ``range(START, STOP[, STEP])`` when it is a range, else its ranks, abridged.
+
+    >>> rank_map_text([2048, 2112, 1], []), rank_map_text(None, [3, 1, 2, 0])
+    ('range(2048, 2112)', '[3, 1, 2, 0]')
+    """
+    if rng is None:
+        return ranks_text(ranks)
+    start, stop, step = rng
+    return f"range({start}, {stop}" + (f", {step})" if step != 1 else ")")
+
+
+def held_by_text(holders: Sequence[int]) -> str:
+    """Who holds a tensor element, for a tooltip: ``held by ranks 3, 5``.
+
+    >>> held_by_text([]), held_by_text([3]), held_by_text([3, 5])
+    ('held by no rank', 'held by rank 3', 'held by ranks 3, 5')
+    """
+    if not holders:
+        return "held by no rank"
+    return f"held by rank{'s' * (len(holders) > 1)} {', '.join(map(str, holders))}"
 
 
 def holders_text(holders: Sequence[int]) -> str:

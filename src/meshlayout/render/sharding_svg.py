@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..sharding import ShardingSpec
-from ._fmt import coord_text, runs_text
+from ._fmt import coord_text, held_by_text, runs_text
 from ._svg import Svg, fill_colour, stroke_colour
 from .reports import check_size, placement_text, runs_bound
 from .torch_view import torch_spec_runs
@@ -110,10 +110,7 @@ def _colour(p: _Pieces, key: tuple[int, int]) -> str:
 
 
 def _held(p: _Pieces, key: tuple[int, int]) -> str:
-    h = p.holders.get(key)
-    if not h:
-        return "held by no rank"
-    return f"held by rank{'s' * (len(h) > 1)} {', '.join(map(str, h))}"
+    return held_by_text(p.holders.get(key, []))
 
 
 def _draw_cells(svg: Svg, p: _Pieces, f: _Frame) -> None:

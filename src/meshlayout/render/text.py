@@ -7,7 +7,15 @@ from typing import Any
 
 import numpy as np
 
-from ._fmt import RankSample, coord_text, holders_text, ranks_text, runs_text, table
+from ._fmt import (
+    RankSample,
+    coord_text,
+    holders_text,
+    rank_map_text,
+    ranks_text,
+    runs_text,
+    table,
+)
 from ._groups import SHOW_GROUPS, shown_group_indices
 from .reports import GRID_CELLS
 
@@ -146,10 +154,8 @@ def mesh_text(report: dict[str, Any], *, max_cells: int = GRID_CELLS) -> str:
     """
     dims, shape = report["dims"], report["shape"]
     lines = [f"Mesh({_shape_text(dims, shape).replace(' x ', ', ')})"]
-    rng = report["rank_map_range"]
-    ranks = f"range({rng[0]}, {rng[1]}" + (f", {rng[2]})" if rng[2] != 1 else ")") if rng else None
     lines.append(f"  layout      {report['layout']}  (coordinate -> position)")
-    lines.append(f"  rank map    {ranks or ranks_text(report['rank_map'])}")
+    lines.append(f"  rank map    {rank_map_text(report['rank_map_range'], report['rank_map'])}")
     subs = report["num_submeshes"]
     lines.append(f"  sub-meshes  {subs} of {report['size']} ranks each")
     for op in report["operations"]:
