@@ -127,6 +127,7 @@ def test_plan_svg_and_html(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert len(cells) == 64 * len(nested)
     page = html.read_text()
     assert "http" not in page and "<script" not in page and page.count("<svg") == len(nested)
+    assert "<h2>dp_shard (same groups: batch)</h2>" in page  # one section per picture
     code, _, _ = run([*PLAN, "--view", "tp", "--svg", str(svg)], capsys)
     root = ET.parse(svg).getroot()
     groups = [e for e in root.iter(f"{NS}rect") if e.get("class") == "group"]

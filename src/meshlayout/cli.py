@@ -235,12 +235,12 @@ def _picture_views(pd: ParallelDims, chosen: list[str] | None) -> list[tuple[str
 def _plan_pictures(
     pd: ParallelDims, args: argparse.Namespace, chosen: list[str] | None
 ) -> list[tuple[str, render.Svg]]:
-    """(view name, picture) for every view to draw; each picture looks at every rank."""
+    """(heading, picture) for every view to draw; each picture looks at every rank."""
     views = _picture_views(pd, chosen)
     render.check_size(pd.world_size * len(views), f"{len(views)} pictures of every rank", "ranks")
     return [
         (
-            name,
+            f"{name}{note}",
             render.mesh_picture(
                 pd.dense,
                 pd.mesh(name),
