@@ -3,8 +3,8 @@
 Every parameter is initialised to ``arange`` values, so each rank can read which
 global rows it physically holds from its DTensor's local tensor. Those rows must
 equal :meth:`ShardingSpec.local_runs` of ``ShardingSpec.from_torch`` of the
-placements torch reports — including dp = 3, where torch 2.13's own
-``compute_local_shape_and_global_offset`` is wrong.
+placements torch reports — including dp = 3, where torch's own
+``compute_local_shape_and_global_offset`` is wrong (2.13 and 2.14).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ pytest.importorskip("torch")
 from meshlayout.mesh import Mesh
 from meshlayout.sharding import ShardingSpec
 from multiproc import run_multiproc
+from torch_versions import TORCH_IS_KNOWN
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(600)]
 
 COLS = 3
 ROWS = (7, 13, 8, 5, 1)
@@ -89,23 +90,27 @@ def _check(runs: list[dict[str, Any]], world: int) -> int:
 
 
 def test_fsdp2_over_tp_4_processes() -> None:
-    results = run_multiproc(_fsdp_over_tp, 4, [(2, 2)], strided=True, timeout=75)
-    assert _check(results, 4) == 0  # dp = 2: torch happens to agree
+    results = run_multiproc(_fsdp_over_tp, 4, [(2, 2)], strided=True, timeout=300)
+    wrong = _check(results, 4)
+    if TORCH_IS_KNOWN:
+        assert wrong == 0  # dp = 2: torch 2.13 and 2.14 happen to agree with us
     # [_StridedShard(0, 2), _StridedShard(0, 2)], 8 rows: torch's full_tensor permutes
     spec = ShardingSpec.from_torch((8,), Mesh((2, 2)), _torch_two_strided())
     locals_ = {rank: np.array(results[rank]["strided"][0]) for rank in range(4)}
     for rank in range(4):
         np.testing.assert_array_equal(locals_[rank], spec.shard(np.arange(8.0), rank))
-        assert results[rank]["strided"][1] == [0, 4, 2, 6, 1, 5, 3, 7]  # torch 2.13
+        if TORCH_IS_KNOWN:
+            assert results[rank]["strided"][1] == [0, 4, 2, 6, 1, 5, 3, 7]
     np.testing.assert_array_equal(spec.unshard(locals_), np.arange(8.0))
 
 
 def test_fsdp2_over_tp_6_processes_dp3_and_tp3() -> None:
-    results = run_multiproc(_fsdp_over_tp, 6, [(3, 2), (2, 3)], timeout=90)
-    wrong = _check(results, 6)
-    # torch 2.13's compute_local_shape_and_global_offset misplaces rows at dp = 3
-    # (7 rows: ranks 4 and 5; 13 rows: ranks 4 and 5) while FSDP2 agrees with us.
-    assert wrong >= 4
+    results = run_multiproc(_fsdp_over_tp, 6, [(3, 2), (2, 3)], timeout=300)
+    wrong = _check(results, 6)  # FSDP2's rows always agree with ours (checked inside)
+    if TORCH_IS_KNOWN:
+        # torch 2.13's and 2.14's compute_local_shape_and_global_offset misplace rows at
+        # dp = 3 (7 rows: ranks 4 and 5; 13 rows: ranks 4 and 5).
+        assert wrong >= 4
 
 
 def _strided_full_tensor() -> tuple[list[float], list[float]]:

@@ -1,12 +1,13 @@
-"""meshlayout.sharding against torch 2.13's own code, in one process.
+"""meshlayout.sharding against torch's own code (2.13 and 2.14 checked), in one process.
 
 * torch's planner codec (``_maybe_convert_StridedShard_to_shard_order`` and its
   inverse) agrees with ours on every random list;
 * ``compute_local_shape_and_global_offset`` agrees with ours on every plain-Shard
   case (the private pure helper on thousands of random specs, the public one on a
   sweep with a fake process group);
-* the torch 2.13 inconsistencies of issue 4 are still there (torch is pinned), next
-  to the physically correct answers we give.
+* the torch inconsistencies of issue 4 are still there on the versions of
+  ``tests/torch_versions.py`` (those tests are skipped on others), next to the
+  physically correct answers we give.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from meshlayout.sharding import (  # noqa: E402
     ShardingSpec,
     StridedShard,
 )
+from torch_versions import describes_torch  # noqa: E402
 
 pytestmark = pytest.mark.torch
 SETTINGS = settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -199,6 +201,7 @@ def test_public_compute_local_shape_and_global_offset_sweep(fake_world) -> None:
 
 
 # ---------------------------------------------------------------------- torch's bugs, pinned
+@describes_torch
 def test_torch_distribute_tensor_asserts_on_uneven_strided(fake_world) -> None:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import distribute_tensor
@@ -212,6 +215,7 @@ def test_torch_distribute_tensor_asserts_on_uneven_strided(fake_world) -> None:
     assert spec.shard(torch.arange(5.0), 1).tolist() == [2.0, 4.0]
 
 
+@describes_torch
 def test_torch_local_shape_is_wrong_for_fsdp_over_tp_dp3(fake_world) -> None:
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -228,6 +232,7 @@ def test_torch_local_shape_is_wrong_for_fsdp_over_tp_dp3(fake_world) -> None:
     assert (spec.local_shape(5), spec.local_offset(5)) == ((1, 4), (6, 0))
 
 
+@describes_torch
 def test_torch_strided_alone_offsets_are_not_a_box() -> None:
     tpl = [_StridedShard(0, split_factor=2)]
     assert _compute_local_shape_and_global_offset((8,), (2,), [0], tpl) == ((4,), (0,))
