@@ -69,14 +69,6 @@ class Svg:
         a = _attrs({"x1": float(x1), "y1": float(y1), "x2": float(x2), "y2": float(y2), **attrs})
         self.parts.append(f"<line{a}/>")
 
-    def open_group(self, title: str | None = None, **attrs: object) -> None:
-        self.parts.append(f"<g{_attrs(attrs)}>")
-        if title is not None:
-            self.parts.append(f"<title>{esc(title)}</title>")
-
-    def close_group(self) -> None:
-        self.parts.append("</g>")
-
     def legend(
         self, x: float, y: float, entries: Sequence[tuple[str, Swatch | None]], line_h: float
     ) -> float:
