@@ -3,7 +3,7 @@
 (a) Group-creation calls and time for ONE rank of a 5-D (pp, dp_replicate, dp_shard,
     cp, tp) job plus its MoE view, with torch's ``fake`` backend (no peers, so this
     measures the calls each real rank would make):
-    ours = ``ParallelDims(...).build`` (every view), torch = ``init_device_mesh`` on the
+    ours = ``meshlayout.torch.build(ParallelDims(...))`` (every view), torch = ``init_device_mesh`` on the
     world + ``_unflatten`` into the dense and sparse meshes (torchtitan's recipe).
 (b) ``full_tensor`` of a strided, uneven FSDP-over-TP parameter on 4 gloo processes
     (dp=2, tp=2, placements [_StridedShard(0, 2), Shard(0)]): ours (one all-gather) vs
@@ -40,18 +40,18 @@ def _creation_child(world: int, which: str, out: Any) -> None:
     dist.init_process_group("fake", rank=world // 2 + 3, world_size=world, store=dist.HashStore())
     if which == "ours":
         from meshlayout import ParallelDims
-        from meshlayout.torch import _groups
+        from meshlayout.torch import _c10d, build
 
-        real = _groups._c10d_create
+        real = _c10d.create_group
 
         def counted(*a: Any, **k: Any) -> Any:
             calls["n"] += 1
             return real(*a, **k)
 
-        _groups._c10d_create = counted  # type: ignore[assignment]
+        _c10d.create_group = counted
         t0 = time.perf_counter()
         pd = ParallelDims(world, **_degrees(world))
-        pd.build("cpu", check=False)
+        build(pd, "cpu", check=False)
         elapsed = time.perf_counter() - t0
     else:
         from torch.distributed.device_mesh import init_device_mesh

@@ -1,18 +1,33 @@
-"""The process-group engine and the store-based consistency check, on real gloo processes."""
+"""The process-group engine and the store-based consistency check, on real gloo processes.
+
+Time limits here only prevent hangs (generous, counted after start-up); tests assert
+behaviour: who raised what, naming whom, and how many groups were created.
+"""
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
-from multiproc import run_multiproc
+from multiproc import run_multiproc  # noqa: E402
+from torch_versions import TORCH  # noqa: E402
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(600)]
+
+#: Does torch's name for a ``use_local_synchronization`` group depend on how many
+#: groups the caller holds? Per torch version checked: 2.13 salts the name with
+#: ``len(_world.pg_names)`` (members with different histories compute different names
+#: and hang); 2.14 salts with ``_world.group_count``, which meshlayout's creation
+#: path never advances. Other versions: not asserted (our guarantee still is).
+TORCH_SALTS_NAMES_WITH_GROUPS_HELD = {(2, 13): True, (2, 14): False}.get(TORCH or (0, 0))
+
+#: Each rank's timeout in tests where one rank stays away: generous, because the
+#: ranks that do take part must still meet within it on a loaded machine.
+ABSENT_TIMEOUT = 10.0
 
 
 def _count_creations() -> dict[str, int]:
@@ -20,10 +35,10 @@ def _count_creations() -> dict[str, int]:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    from meshlayout.torch import _groups
+    from meshlayout.torch import _c10d
 
     counts = {"ours": 0, "new_group": 0, "split_group": 0}
-    real_create = _groups._c10d_create
+    real_create = _c10d.create_group
     real_new, real_split = c10d.new_group, c10d.split_group
 
     def create(*a: Any, **k: Any) -> Any:
@@ -38,7 +53,7 @@ def _count_creations() -> dict[str, int]:
         counts["split_group"] += 1
         return real_split(*a, **k)
 
-    _groups._c10d_create = create  # type: ignore[assignment]
+    _c10d.create_group = create
     c10d.new_group = new_group
     dist.new_group = new_group
     c10d.split_group = split_group
@@ -64,7 +79,7 @@ def _pitfall(rank: int, world: int) -> dict[str, Any]:
 
     from meshlayout.torch._groups import get_group
 
-    timeout = timedelta(seconds=20)
+    timeout = timedelta(seconds=120)
     # First set: only ranks 0..3 create groups (two each), so 0..3 hold more groups than 4..7.
     if rank < 4:
         get_group([0, 1, 2, 3], timeout=timeout)
@@ -72,7 +87,8 @@ def _pitfall(rank: int, world: int) -> dict[str, Any]:
             [rank, rank ^ 1], timeout=timeout
         )
     held = len(c10d._world.pg_names)
-    # What torch's use_local_synchronization naming would call the next group here:
+    # What torch's use_local_synchronization naming would call the next group here
+    # (same ranks on both members, so only torch's salt can make the names differ):
     torch_name = c10d._hash_ranks_to_str([rank % 4, rank % 4 + 4])
     # Second, permuted set across both halves: (r+4, r) — members with different histories.
     a, b = rank % 4 + 4, rank % 4
@@ -88,13 +104,17 @@ def _pitfall(rank: int, world: int) -> dict[str, Any]:
 
 
 def test_names_are_deterministic_when_members_hold_different_numbers_of_groups() -> None:
-    out = run_multiproc(_pitfall, 8, timeout=60)
+    out = run_multiproc(_pitfall, 8, timeout=240)
     for r in range(4):
         partner = out[r + 4]
         assert out[r]["held"] != partner["held"]
-        # torch 2.13's hashed name would differ between the two members (-> hang) ...
-        assert out[r]["torch_name"] != partner["torch_name"]
-        # ... ours is the same, creation completed, and the member order is ours: (r+4, r).
+        # torch's behaviour, per version: <= 2.13's hashed name differs between the two
+        # members (-> a hang in creation); 2.14's does not depend on groups held.
+        differs = out[r]["torch_name"] != partner["torch_name"]
+        if TORCH_SALTS_NAMES_WITH_GROUPS_HELD is not None:
+            assert differs == TORCH_SALTS_NAMES_WITH_GROUPS_HELD, (torch.__version__, differs)
+        # Our guarantee, on every version: the same name on both members, creation
+        # completed (no hang), and the member order is ours: (r+4, r).
         assert out[r]["name"] == partner["name"]
         assert out[r]["order"] == [r + 4, r]
         assert out[r]["pg_rank"] == 1 and partner["pg_rank"] == 0
@@ -135,7 +155,7 @@ def _cache(rank: int, world: int) -> dict[str, Any]:
 
 
 def test_cache_hits_world_reuse_single_rank_and_creation_counts() -> None:
-    out = run_multiproc(_cache, 4, timeout=60)
+    out = run_multiproc(_cache, 4, timeout=120)
     for rank, o in enumerate(out):
         assert o["same"] and o["distinct_order"] and o["world_is_default"]
         assert o["single_size"] == 1 and o["single_gather"] == [rank]
@@ -158,25 +178,22 @@ def _absent_member(rank: int, world: int) -> Any:
     from meshlayout.torch._groups import get_group
 
     if rank == 2:
-        time.sleep(8)
-        return "absent"
+        return "absent"  # never asks for the group it belongs to
     if rank == 3:
         return "bystander"
-    t0 = time.monotonic()
     try:
-        get_group([0, 1, 2], timeout=3)  # margin for ranks 0 and 1 on a busy machine
+        get_group([0, 1, 2], timeout=ABSENT_TIMEOUT)
     except RankTimeoutError as exc:
-        return (exc.missing, str(exc), time.monotonic() - t0)
+        return (exc.missing, str(exc))
     return "no error"
 
 
 def test_group_creation_timeout_names_absent_ranks() -> None:
-    out = run_multiproc(_absent_member, 4, timeout=40)
+    out = run_multiproc(_absent_member, 4, timeout=120)
     assert out[2:] == ["absent", "bystander"]
-    for missing, message, seconds in out[:2]:
+    for missing, message in out[:2]:
         assert missing == (2,)
         assert "did not answer" in message and "[2]" in message
-        assert seconds < 15
 
 
 def _not_a_member(rank: int, world: int) -> str:
@@ -190,7 +207,7 @@ def _not_a_member(rank: int, world: int) -> str:
 
 
 def test_non_member_gets_value_error() -> None:
-    out = run_multiproc(_not_a_member, 2, timeout=30)
+    out = run_multiproc(_not_a_member, 2, timeout=120)
     assert all("not a member" in o for o in out)
 
 
@@ -201,36 +218,35 @@ def _check(rank: int, world: int, bad_rank: int) -> list[Any]:
     from meshlayout.torch import MeshMismatchError
     from meshlayout.torch._check import check_consistent
 
+    # A long timeout: a mismatch must be reported at once, not after waiting for it
+    # (the run's own bound, far shorter, would catch such a wait).
+    timeout = timedelta(seconds=3600)
     results: list[Any] = []
     good = {"shape": "(2, 2)", "names": "('dp', 'tp')", "rank_map": "range(0, 4)"}
     # Repeated consistent checks over the same rank set must not collide.
     for _ in range(3):
-        check_consistent(good, range(world), timeout=timedelta(seconds=20))
+        check_consistent(good, range(world), timeout=timeout)
     fields = dict(good)
     if rank == bad_rank:
         fields["names"] = "('tp', 'dp')"
-    t0 = time.monotonic()
     try:
-        check_consistent(fields, range(world), timeout=timedelta(seconds=20))
+        check_consistent(fields, range(world), timeout=timeout)
         results.append("no error")
     except MeshMismatchError as exc:
-        results.append((exc.ranks, exc.fields, str(exc), time.monotonic() - t0))
+        results.append((exc.ranks, exc.fields, str(exc)))
     # And a consistent check afterwards still works.
-    check_consistent(good, list(range(world))[::-1], timeout=timedelta(seconds=20))
+    check_consistent(good, list(range(world))[::-1], timeout=timeout)
     results.append("ok")
     return results
 
 
-def test_mismatch_raises_on_every_rank_quickly() -> None:
-    t0 = time.monotonic()
-    out = run_multiproc(_check, 4, 2, timeout=60)
-    assert time.monotonic() - t0 < 20
+def test_mismatch_raises_on_every_rank_without_waiting_for_the_timeout() -> None:
+    out = run_multiproc(_check, 4, 2, timeout=120)
     for res in out:
-        ranks, fields, message, seconds = res[0]
+        ranks, fields, message = res[0]
         assert ranks == (2,) and fields == ("names",)
         assert "ranks [0, 1, 3]: names=('dp', 'tp')" in message
         assert "ranks [2]: names=('tp', 'dp')" in message
-        assert seconds < 20
         assert res[1] == "ok"
 
 
@@ -239,17 +255,17 @@ def _check_absent(rank: int, world: int) -> Any:
     from meshlayout.torch._check import check_consistent
 
     if rank == 3:
-        time.sleep(3.5)
-        return "absent"
+        return "absent"  # never checks
     try:
-        check_consistent({"a": "1"}, range(world), timeout=timedelta(seconds=1.5))
+        check_consistent({"a": "1"}, range(world), timeout=timedelta(seconds=ABSENT_TIMEOUT))
     except RankTimeoutError as exc:
         return (exc.missing, str(exc))
     return "no error"
 
 
 def test_check_timeout_names_absent_ranks() -> None:
-    out = run_multiproc(_check_absent, 4, timeout=40)
+    out = run_multiproc(_check_absent, 4, timeout=120)
+    assert out[3] == "absent"
     for missing, message in out[:3]:
         assert missing == (3,)
         assert "rank 3: has made no mesh check yet" in message
@@ -293,7 +309,7 @@ def _one_rank_collectives(rank: int, world: int) -> dict[str, list[float]]:
 def test_one_rank_groups_make_every_collective_an_exact_copy() -> None:
     # FSDP2 and TP still call collectives on size-1 mesh dims: the local group must
     # return the input exactly (a future torch changing its fake backend fails here).
-    out = run_multiproc(_one_rank_collectives, 2, timeout=60)
+    out = run_multiproc(_one_rank_collectives, 2, timeout=120)
     for rank, results in enumerate(out):
         want = [float(v + 10 * rank) for v in range(6)]
         assert results == dict.fromkeys(results, want), (rank, results)

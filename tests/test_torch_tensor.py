@@ -10,7 +10,7 @@ pytest.importorskip("torch")
 
 from multiproc import run_multiproc
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(600)]
 
 SHAPE = (7, 5)
 
@@ -32,17 +32,19 @@ def _specs(mesh: Any) -> list[Any]:
 
 
 def _counting() -> dict[str, int]:
-    import torch.distributed as dist
+    """Count every collective call and every store access of meshlayout from now on."""
+    from meshlayout.torch import _c10d
 
-    counts = {"all_gather_single": 0, "all_reduce": 0, "all_to_all_single": 0, "other": 0}
-    for name in list(counts)[:3]:
-        real = getattr(dist, name)
+    names = ("all_gather_single", "all_reduce", "all_to_all_single", "broadcast", "default_store")
+    counts = dict.fromkeys(names, 0)
+    for name in names:
+        real = getattr(_c10d, name)
 
         def wrapper(*a: Any, _real: Any = real, _name: str = name, **k: Any) -> Any:
             counts[_name] += 1
             return _real(*a, **k)
 
-        setattr(dist, name, wrapper)
+        setattr(_c10d, name, wrapper)
     return counts
 
 
@@ -54,9 +56,11 @@ def _body(rank: int, world: int) -> list[str]:
     from meshlayout.torch import distribute, full_tensor, init_mesh, redistribute
 
     problems: list[str] = []
-    dm = init_mesh(Mesh({"dp": 3, "tp": 2}, ranks=[4, 1, 5, 0, 3, 2]), timeout=30)
+    dm = init_mesh(Mesh({"dp": 3, "tp": 2}, ranks=[4, 1, 5, 0, 3, 2]), timeout=120)
     x = torch.arange(float(SHAPE[0] * SHAPE[1])).reshape(SHAPE)
     specs = _specs(dm.mesh)
+    for dims in ((0, 1), (1, 0)):  # create the flattened groups the operations use
+        dm[dims].flatten()
     counts = _counting()
     for spec in specs:
         local = distribute(x, dm, spec, src=None)
@@ -89,33 +93,37 @@ def _body(rank: int, world: int) -> list[str]:
     got = distribute(y, dm, specs[1], src=0)
     if not torch.equal(got, specs[1].shard(x, rank)):
         problems.append("distribute from src=0 differs")
+    if counts["broadcast"] != 1:
+        problems.append(f"distribute made {counts['broadcast']} broadcasts")
+    # the healthy path never touches the store (it is only read when a collective fails)
+    if counts["default_store"]:
+        problems.append(f"{counts['default_store']} store accesses on the healthy path")
     return problems
 
 
 def test_distribute_full_tensor_redistribute_match_the_pure_spec() -> None:
-    assert run_multiproc(_body, 6, timeout=100) == [[]] * 6
+    assert run_multiproc(_body, 6, timeout=300) == [[]] * 6
 
 
 def _moves(rank: int, world: int) -> int:
     """Elements sent by this rank for Shard(0) on dp -> Shard(0) on tp (2x2)."""
     import torch
-    import torch.distributed as dist
 
     from meshlayout import Mesh
     from meshlayout.sharding import Replicate, Shard, ShardingSpec
-    from meshlayout.torch import init_mesh, redistribute
+    from meshlayout.torch import _c10d, init_mesh, redistribute
 
-    dm = init_mesh(Mesh({"dp": 2, "tp": 2}), timeout=30)
+    dm = init_mesh(Mesh({"dp": 2, "tp": 2}), timeout=120)
     src = ShardingSpec((8,), dm.mesh, [Shard(0), Replicate()])
     dst = ShardingSpec((8,), dm.mesh, [Replicate(), Shard(0)])
     sent = {"n": 0}
-    real = dist.all_to_all_single
+    real = _c10d.all_to_all_single
 
-    def spy(out: Any, inp: Any, out_splits: Any, in_splits: Any, group: Any = None) -> Any:
-        sent["n"] += int(sum(in_splits))
-        return real(out, inp, out_splits, in_splits, group=group)
+    def spy(out: Any, inp: Any, out_sizes: Any, in_sizes: Any, group: Any, timeout: Any) -> Any:
+        sent["n"] += int(sum(in_sizes))
+        return real(out, inp, out_sizes, in_sizes, group, timeout)
 
-    dist.all_to_all_single = spy
+    _c10d.all_to_all_single = spy
     x = torch.arange(8.0)
     got = redistribute(src.shard(x, rank), src, dst, dm)
     assert torch.equal(got, dst.shard(x, rank))
@@ -123,7 +131,7 @@ def _moves(rank: int, world: int) -> int:
 
 
 def test_redistribute_moves_each_element_at_most_once() -> None:
-    sent = run_multiproc(_moves, 4, timeout=60)
+    sent = run_multiproc(_moves, 4, timeout=120)
     # rank (dp=i, tp=j) holds chunk i and needs chunk j: (0,0), (1,1) keep theirs and each
     # send their chunk once, to (1,0) and (0,1); 8 elements move in all, the minimum
     assert sent == [4, 0, 0, 4]

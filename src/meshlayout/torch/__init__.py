@@ -3,7 +3,7 @@
 Needs torch and an initialised default process group (``torchrun`` or
 ``torch.distributed.init_process_group``). See ``docs/runtime.md``.
 
->>> from meshlayout.torch import init_mesh, DistributedMesh, MeshMismatchError
+>>> from meshlayout.torch import build, init_mesh, DistributedMesh, MeshMismatchError
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from . import _requirements  # noqa: F401  (first: explains a missing or old torch)
 from ._errors import MeshMismatchError, RankTimeoutError
 from ._mesh import DistributedMesh, init_mesh, mesh_fingerprint
-from ._parallel import ParallelMeshes, build_parallel_dims
+from ._parallel import ParallelMeshes, build, build_parallel_dims
 from ._tensor import distribute, full_tensor, redistribute
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "MeshMismatchError",
     "ParallelMeshes",
     "RankTimeoutError",
+    "build",
     "build_parallel_dims",
     "distribute",
     "full_tensor",

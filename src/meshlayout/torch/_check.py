@@ -27,12 +27,13 @@ from datetime import timedelta
 
 import numpy as np
 import torch.distributed as dist
-from torch._C._distributed_c10d import Store
 
+from ..rank_map import RankMap
+from ._c10d import Store, default_store
 from ._errors import MeshMismatchError, RankTimeoutError, format_ranks
-from ._store import default_store, gather_arrivals
+from ._store import gather_arrivals
 
-__all__ = ["check_consistent", "rank_set_digest"]
+__all__ = ["check_consistent", "check_over_rank_map", "rank_map_summary", "rank_set_digest"]
 
 _SEQ: dict[str, int] = {}
 
@@ -53,6 +54,24 @@ def rank_set_digest(ranks: Sequence[int] | np.ndarray) -> str:
         step = int(arr[1] - arr[0]) if n > 1 else 1
         return rank_set_digest(range(int(arr[0]), int(arr[0]) + n * step, step))
     return hashlib.sha1(arr.tobytes(), usedforsecurity=False).hexdigest()[:16]
+
+
+def rank_map_summary(rank_map: RankMap) -> str:
+    """A short fingerprint of a rank map: its range, or head, size and digest.
+
+    >>> rank_map_summary(RankMap(range(8)))
+    'range(0, 8)'
+    >>> rank_map_summary(RankMap([3, 1, 2, 0]))  # doctest: +ELLIPSIS
+    '[3, 1, 2, 0] (n=4, sha1 ...)'
+    """
+    rng = rank_map.as_range()
+    if rng is not None:
+        return str(rng)
+    arr = rank_map.to_numpy()
+    digest = hashlib.sha1(np.ascontiguousarray(arr).tobytes(), usedforsecurity=False).hexdigest()
+    head = ", ".join(str(int(v)) for v in arr[:8])
+    more = ", ..." if arr.size > 8 else ""
+    return f"[{head}{more}] (n={arr.size}, sha1 {digest[:12]})"
 
 
 def _encode(fields: Mapping[str, str]) -> str:
@@ -98,6 +117,19 @@ def check_consistent(
     for r, v in zip(members, values):
         by_fp.setdefault(v.decode(), []).append(int(r))
     raise _mismatch(what, by_fp, me)
+
+
+def check_over_rank_map(
+    fields: Mapping[str, str], rank_map: RankMap, *, timeout: timedelta, what: str
+) -> None:
+    """:func:`check_consistent` over every rank of ``rank_map`` (this rank must be one).
+
+    The digest of the rank set is O(1) for a range (O(size) otherwise), so the
+    success path stays O(1) store operations per rank at any scale.
+    """
+    rng = rank_map.as_range()
+    digest = rank_set_digest(rng if rng is not None else rank_map.to_numpy())
+    check_consistent(fields, rank_map, timeout=timeout, what=what, set_digest=digest)
 
 
 def _mismatch(what: str, by_fp: dict[str, list[int]], me: int) -> MeshMismatchError:

@@ -10,8 +10,14 @@ __all__ = ["MeshMismatchError", "RankTimeoutError"]
 class MeshMismatchError(ValueError):
     """Ranks disagree about a mesh; raised on *every* participating rank.
 
-    ``groups`` maps each distinct fingerprint summary to the ranks holding it and
-    ``fields`` names the fingerprint fields that differ.
+    ``ranks``: the ranks outside the largest agreeing set (on a tie, the set holding
+    the lowest rank), ascending;
+    ``fields``: the names of the fingerprint fields that differ. The message lists
+    every variant with the ranks holding it.
+
+    >>> err = MeshMismatchError("...", ranks=[2], fields=["names"])
+    >>> err.ranks, err.fields
+    ((2,), ('names',))
     """
 
     def __init__(

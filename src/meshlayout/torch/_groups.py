@@ -10,8 +10,9 @@ identified by ``(ordered member ranks, backend, options)``:
   ``new_group(..., use_local_synchronization=True)`` hashes the ranks *together
   with* ``len(_world.pg_names)`` — the number of groups the caller already holds —
   so two members with different histories compute different names and hang in
-  the rendezvous. We therefore create through c10d's lower-level helper with our
-  own name; see :func:`_c10d_create`, the only place touching c10d internals.)
+  the rendezvous; torch 2.14 no longer does, but we support both. We therefore
+  create through c10d's lower-level helper with our own name:
+  :func:`meshlayout.torch._c10d.create_group`, where all torch internals live.)
 * **Coordinate order.** The group rank of a member is its index in the ordered
   ranks we pass: torch's ``new_group`` sorts ranks by default, we never do, so
   ``pg.rank()``, ``dist.get_group_rank`` and ``get_process_group_ranks`` all agree
@@ -39,8 +40,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+from . import _c10d
 from ._errors import format_ranks
-from ._store import as_timedelta, default_store, gather_arrivals
+from ._store import as_timedelta, gather_arrivals
 
 __all__ = [
     "GroupKey",
@@ -88,24 +90,14 @@ _CACHE = _Cache()
 
 
 def options_key(options: Any) -> str:
-    """A deterministic string identifying backend options (type + public attributes).
+    """A deterministic string identifying backend options (type + attribute values).
 
     >>> options_key(None)
     ''
     """
     if options is None:
         return ""
-    parts = []
-    for attr in sorted(dir(options)):
-        if attr.startswith("__") or (attr.startswith("_") and attr != "_timeout"):
-            continue
-        try:
-            value = getattr(options, attr)
-        except Exception:
-            continue
-        if callable(value):
-            continue
-        parts.append(f"{attr}={_ADDRESS.sub('', repr(value))}")
+    parts = [f"{a}={_ADDRESS.sub('', v)}" for a, v in _c10d.options_fields(options)]
     return f"{type(options).__qualname__}({', '.join(parts)})"
 
 
@@ -145,20 +137,13 @@ def clear_cache() -> None:
 
 
 def _default_group() -> dist.ProcessGroup:
-    if not dist.is_initialized():
+    world = dist.group.WORLD if dist.is_initialized() else None
+    if world is None:
         raise RuntimeError(
             "meshlayout.torch needs an initialised default process group: launch with "
             "torchrun (or call torch.distributed.init_process_group) first"
         )
-    from torch.distributed import distributed_c10d as c10d
-
-    return c10d._get_default_group()
-
-
-def _alive(pg: dist.ProcessGroup) -> bool:
-    from torch.distributed import distributed_c10d as c10d
-
-    return pg in c10d._world.pg_map
+    return world
 
 
 def get_group(
@@ -196,7 +181,7 @@ def get_group(
             _CACHE.generation.clear()
             _CACHE.world = world_pg
         cached = _CACHE.groups.get(key)
-        if cached is not None and _alive(cached):
+        if cached is not None and _c10d.is_registered(cached):
             _CACHE.stats.hits += 1
             return cached
         if (
@@ -210,71 +195,24 @@ def get_group(
 
         gen = _CACHE.generation.get(key, -1) + 1
         name = group_name(members, key[1], key[2], gen)
-        from torch.distributed import distributed_c10d as c10d
-
-        td = as_timedelta(timeout, c10d._get_default_timeout(dist.Backend(key[1])))
+        td = as_timedelta(timeout, _c10d.default_timeout(key[1]))
         desc = group_desc or f"meshlayout_{len(members)}"
         if len(members) == 1:
-            pg = _c10d_create(members, dist.Backend.FAKE, None, td, name, desc)
+            pg = _c10d.create_group(members, dist.Backend.FAKE, None, td, name, desc)
             _CACHE.stats.single += 1
         else:
             if key[1] != dist.Backend.FAKE:  # a fake world has no peers to wait for
                 gather_arrivals(
-                    default_store(),
+                    _c10d.default_store(),
                     f"meshlayout/group/{name}",
                     members,
                     me,
                     td,
                     f"creating process group {format_ranks(members)} ({key[1]})",
                 )
-            pg = _c10d_create(members, key[1], pg_options, td, name, desc)
+            pg = _c10d.create_group(members, key[1], pg_options, td, name, desc)
             _CACHE.stats.created += 1
             _CACHE.stats.created_keys.append(key)
         _CACHE.generation[key] = gen
         _CACHE.groups[key] = pg
         return pg
-
-
-def _c10d_create(
-    members: tuple[int, ...],
-    backend: str,
-    options: Any,
-    timeout: timedelta,
-    name: str,
-    desc: str,
-) -> dist.ProcessGroup:
-    """Create one process group with OUR name and OUR member order.
-
-    The single place that uses c10d internals. torch 2.13 has no public API that
-    both creates a group by its members only and lets the caller choose the name
-    (``new_group`` derives names from a process-local counter; see the module
-    docstring). We call ``_new_process_group_helper`` — what ``new_group`` itself
-    calls — and then record the global -> group rank mapping exactly as
-    ``new_group`` does, so ``get_process_group_ranks``/``get_group_rank`` and
-    DeviceMesh work on the result.
-    """
-    from torch.distributed import distributed_c10d as c10d
-
-    if backend == dist.Backend.FAKE and dist.Backend.FAKE.upper() not in dist.Backend._plugins:
-        # The "fake" backend registers itself on import (c10d does the same lazily).
-        import torch.testing._internal.distributed.fake_pg  # noqa: F401
-
-    default_pg = c10d._get_default_group()
-    _, store = c10d._world.pg_map[default_pg]
-    me = default_pg.rank()
-    device_id = default_pg.bound_device_id if backend != dist.Backend.FAKE else None
-    pg, _ = c10d._new_process_group_helper(
-        len(members),
-        members.index(me),
-        list(members),
-        backend,
-        store,
-        c10d.GroupName(name),
-        backend_options=options,
-        timeout=timeout,
-        device_id=device_id,
-        group_desc=desc,
-    )
-    c10d._world.pg_group_ranks[pg] = {g: i for i, g in enumerate(members)}
-    result: dist.ProcessGroup = pg
-    return result

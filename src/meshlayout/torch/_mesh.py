@@ -18,7 +18,6 @@ Usage (under ``torchrun --nproc-per-node 8``)::
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -29,7 +28,8 @@ import torch.distributed as dist
 
 from ..mesh import Dim, Mesh
 from ..rank_map import RankMap
-from ._check import check_consistent, rank_set_digest
+from . import _c10d
+from ._check import check_over_rank_map, rank_map_summary
 from ._groups import get_group, options_key
 from ._store import as_timedelta
 
@@ -43,12 +43,6 @@ BackendSpec = tuple[str | None, Any]
 
 _OneBackend = str | tuple[str | None, Any] | None
 BackendOverride = Sequence[_OneBackend] | Mapping[str, _OneBackend] | None
-
-
-def _default_timeout() -> timedelta:
-    from torch.distributed import distributed_c10d as c10d
-
-    return c10d._get_default_timeout(dist.Backend(dist.get_backend()))
 
 
 def _one_spec(value: Any, where: str) -> BackendSpec:
@@ -78,17 +72,6 @@ def _normalise_backends(mesh: Mesh, override: BackendOverride) -> tuple[BackendS
     return tuple(_one_spec(s, f"backend_override[{i}]") for i, s in enumerate(specs))
 
 
-def _rank_map_summary(rank_map: RankMap) -> str:
-    rng = rank_map.as_range()
-    if rng is not None:
-        return str(rng)
-    arr = rank_map.to_numpy()
-    digest = hashlib.sha1(np.ascontiguousarray(arr).tobytes(), usedforsecurity=False).hexdigest()
-    head = ", ".join(str(int(v)) for v in arr[:8])
-    more = ", ..." if arr.size > 8 else ""
-    return f"[{head}{more}] (n={arr.size}, sha1 {digest[:12]})"
-
-
 def mesh_fingerprint(
     mesh: Mesh, device_type: str, backends: Sequence[BackendSpec]
 ) -> dict[str, str]:
@@ -97,7 +80,7 @@ def mesh_fingerprint(
         "names": repr(mesh.names),
         "shape": repr(mesh.shape),
         "axes": " ".join(str(a) for a in mesh.axes),
-        "rank_map": _rank_map_summary(mesh.rank_map),
+        "rank_map": rank_map_summary(mesh.rank_map),
         "backends": repr(tuple((b, options_key(o)) for b, o in backends)),
         "device_type": device_type,
     }
@@ -211,7 +194,7 @@ class DistributedMesh:
         if self._coordinate is None:
             raise ValueError(
                 f"{what}: rank {self._rank} is not in {self._mesh!r} "
-                f"(ranks {_rank_map_summary(self._mesh.rank_map)})"
+                f"(ranks {rank_map_summary(self._mesh.rank_map)})"
             )
 
     # ------------------------------------------------------------------ groups
@@ -295,8 +278,12 @@ class DistributedMesh:
         """
         self._require_member("to_torch")
         if self._torch is None:
-            self._torch = _torch_device_mesh(
-                self._mesh, self._device_type, self._groups, _rank_map_tensor(self._mesh)
+            self._torch = _c10d.device_mesh_over_groups(
+                self._device_type,
+                self._mesh.names,
+                self._mesh.axes,
+                _rank_map_tensor(self._mesh),
+                self._groups,
             )
         return self._torch
 
@@ -335,17 +322,13 @@ def init_mesh(
         )
     _check_world(mesh)
     backends = _normalise_backends(mesh, backend_override)
-    td = None if timeout is None else as_timedelta(timeout, _default_timeout())
+    td = None if timeout is None else as_timedelta(timeout, _c10d.default_timeout())
     if check and dist.get_rank() in mesh:
-        rank_map = mesh.rank_map
-        rng = rank_map.as_range()
-        digest = rank_set_digest(rng if rng is not None else rank_map.to_numpy())
-        check_consistent(
+        check_over_rank_map(
             mesh_fingerprint(mesh, device_type, backends),
-            rank_map,
-            timeout=td or _default_timeout(),
+            mesh.rank_map,
+            timeout=td or _c10d.default_timeout(),
             what=f"init_mesh({mesh!r})",
-            set_digest=digest,
         )
     return DistributedMesh(mesh, device_type, backends, td)
 
@@ -362,41 +345,3 @@ def _rank_map_tensor(mesh: Mesh) -> torch.Tensor:
     tensor = torch.as_tensor(np.ascontiguousarray(rank_map.to_numpy()), dtype=torch.int)
     _RANK_MAP_TENSORS[id(rank_map)] = (rank_map, tensor)
     return tensor
-
-
-def _torch_device_mesh(
-    mesh: Mesh,
-    device_type: str,
-    groups: Sequence[dist.ProcessGroup],
-    rank_map: torch.Tensor,
-) -> DeviceMesh:
-    """Build a torch DeviceMesh from our axes over the shared rank map, with our groups.
-
-    The one place using DeviceMesh internals: the public ``DeviceMesh.from_group`` only
-    takes the rank's own sub-mesh, so two meshes built from it never share a rank map
-    and FSDP2 cannot combine a DP mesh with a TP mesh. torch's mesh model is ours
-    (per-dim flat layouts over positions into one rank map; both row-major), so we
-    pass the axes as ``_MeshLayout`` and attach the groups by name, as ``from_group``
-    does. ``_FlatLayout`` re-normalises each axis; we check it enumerates the same
-    positions.
-    """
-    from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
-    from torch.distributed.device_mesh import DeviceMesh
-
-    flats = []
-    for name, axis in zip(mesh.names, mesh.axes):
-        flat = _FlatLayout(axis.shape, axis.stride)
-        if flat.all_ranks_from_zero() != axis.indices().tolist():  # pragma: no cover
-            raise RuntimeError(f"torch re-normalised axis {name!r} ({axis}) to {flat}")
-        flats.append(flat)
-    tdm = DeviceMesh(
-        device_type,
-        _layout=_MeshLayout(flats),
-        _rank_map=rank_map,
-        mesh_dim_names=mesh.names,
-        _init_backend=False,
-    )
-    tdm._dim_group_names = [g.group_name for g in groups]
-    for g in groups:
-        tdm._pg_registry[g.group_name] = g
-    return tdm

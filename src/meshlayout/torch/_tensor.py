@@ -10,6 +10,10 @@
   intersections, every element sent at most once, executed as **one**
   ``all_to_all_single`` over the sub-mesh.
 
+Every collective is bounded by the mesh's timeout and, when a member never arrives,
+fails on the others with :class:`~meshlayout.torch.RankTimeoutError` naming it (see
+:mod:`meshlayout.torch._collectives`).
+
 Example (4 ranks)::
 
     dm = init_mesh(Mesh({"dp": 2, "tp": 2}))
@@ -20,19 +24,27 @@ Example (4 ranks)::
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ..sharding import Partial, Replicate, Shard, ShardingSpec, StridedShard
+from ..mesh import Mesh
+from ..sharding import (
+    Partial,
+    Replicate,
+    Shard,
+    ShardingSpec,
+    StridedShard,
+    box_slices,
+    intersect,
+    run_boxes,
+)
+from ._collectives import Bounded, all_gather, all_reduce, all_to_all, broadcast
 from ._mesh import DistributedMesh
 
 __all__ = ["distribute", "full_tensor", "redistribute"]
-
-Runs = tuple[tuple[int, int], ...]
 
 _REDUCE = {
     "sum": dist.ReduceOp.SUM,
@@ -55,8 +67,7 @@ def _spec_for(shape: Sequence[int], dm: DistributedMesh, placements: Any) -> Sha
             spec = ShardingSpec(tuple(shape), dm.mesh, items)
         else:
             spec = ShardingSpec.from_torch(tuple(shape), dm.mesh, items)
-    if spec.mesh != dm.mesh:
-        raise ValueError(f"the spec is over {spec.mesh!r}, the DistributedMesh over {dm.mesh!r}")
+    _same_mesh(spec, dm)
     if tuple(spec.global_shape) != tuple(int(s) for s in shape):
         raise ValueError(
             f"tensor shape {tuple(shape)} does not match the spec's global_shape "
@@ -65,39 +76,41 @@ def _spec_for(shape: Sequence[int], dm: DistributedMesh, placements: Any) -> Sha
     return spec
 
 
-def _local_index(runs: Runs) -> list[tuple[int, int, int]]:
-    """Per run: (global start, global stop, local start)."""
-    out, offset = [], 0
-    for a, b in runs:
-        out.append((a, b, offset))
-        offset += b - a
-    return out
+def _same_mesh(spec: ShardingSpec, dm: DistributedMesh) -> None:
+    if not isinstance(spec, ShardingSpec):
+        raise TypeError(f"expected a ShardingSpec, got {type(spec).__name__}: {spec!r}")
+    if spec.mesh != dm.mesh:
+        raise ValueError(f"the spec is over {spec.mesh!r}, the DistributedMesh over {dm.mesh!r}")
 
 
-def _boxes(
-    src_runs: Sequence[Runs], dst_runs: Sequence[Runs]
+def _check_local(local: torch.Tensor, spec: ShardingSpec, rank: int, name: str) -> None:
+    want = spec.local_shape(rank)
+    if tuple(local.shape) != want:
+        raise ValueError(
+            f"local piece of rank {rank} has shape {tuple(local.shape)}, {name} says {want}"
+        )
+
+
+def _bounded(dm: DistributedMesh, dim: int, what: str) -> Bounded:
+    """This rank's group of ``dm`` along ``dim``, bounded by the mesh's timeout."""
+    return Bounded(dm.get_group(dim), dm.group_ranks(dim), dm.timeout, what)
+
+
+def _pairs(
+    src: ShardingSpec, sender: int, dst: ShardingSpec, receiver: int
 ) -> list[tuple[tuple[slice, ...], tuple[slice, ...]]]:
-    """Intersections of a src piece with a dst piece: (src-local slices, dst-local slices).
+    """What ``sender`` holds under ``src`` that ``receiver`` holds under ``dst``.
 
-    The order is a pure function of the two run lists, so sender and receiver agree.
+    Per common box: (slices of the sender's local piece, slices of the receiver's).
+    The order is a pure function of the arguments, so sender and receiver agree on it.
     """
-    per_dim: list[list[tuple[slice, slice]]] = []
-    for s_runs, d_runs in zip(src_runs, dst_runs):
-        pairs = []
-        for sa, sb, so in _local_index(s_runs):
-            for da, db, do in _local_index(d_runs):
-                lo, hi = max(sa, da), min(sb, db)
-                if lo < hi:
-                    pairs.append(
-                        (slice(so + lo - sa, so + hi - sa), slice(do + lo - da, do + hi - da))
-                    )
-        if not pairs:
-            return []
-        per_dim.append(pairs)
-    return [
-        (tuple(p[0] for p in combo), tuple(p[1] for p in combo))
-        for combo in itertools.product(*per_dim)
-    ]
+    out = []
+    for s in run_boxes(src, sender):
+        for d in run_boxes(dst, receiver):
+            common = intersect(s.box, d.box)
+            if common is not None:
+                out.append((s.local_slices(common), d.local_slices(common)))
+    return out
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -123,14 +136,13 @@ def distribute(
     """
     spec = _spec_for(tensor.shape, dm, placements)
     dm._require_member("distribute")
+    if src is not None and (not isinstance(src, int) or isinstance(src, bool)):
+        raise TypeError(f"src must be a flat coordinate (int) or None, got {src!r}")
     if src is not None and dm.mesh.size() > 1:
-        flat = dm.flatten()
-        group = flat.get_group(0)
-        members = flat.group_ranks(0)
-        if not 0 <= src < len(members):
+        if not 0 <= src < dm.mesh.size():
             raise ValueError(f"src={src} is not a flat coordinate of a {dm.shape} mesh")
         tensor = tensor.detach().clone().contiguous()
-        dist.broadcast(tensor, members[src], group=group)
+        broadcast(_bounded(dm.flatten(), 0, "distribute"), tensor, src)
     piece = spec.shard(tensor.detach(), dm.rank)
     return piece.contiguous() if isinstance(piece, torch.Tensor) else torch.as_tensor(piece)
 
@@ -146,19 +158,14 @@ def full_tensor(local: torch.Tensor, dm: DistributedMesh, spec: ShardingSpec) ->
     the result without a reassembly copy.
     """
     dm._require_member("full_tensor")
-    if spec.mesh != dm.mesh:
-        raise ValueError(f"the spec is over {spec.mesh!r}, the DistributedMesh over {dm.mesh!r}")
-    want = spec.local_shape(dm.rank)
-    if tuple(local.shape) != want:
-        raise ValueError(
-            f"local piece of rank {dm.rank} has shape {tuple(local.shape)}, spec says {want}"
-        )
+    _same_mesh(spec, dm)
+    _check_local(local, spec, dm.rank, "spec")
     placements = spec.placements()
     value = local
     for m, p in enumerate(placements):
-        if isinstance(p, Partial):
-            value = value.clone() if value is local else value
-            dist.all_reduce(value, op=_REDUCE[p.reduce_op], group=dm.get_group(m))
+        if isinstance(p, Partial) and dm.size(m) > 1:
+            value = value.clone().contiguous() if value is local else value
+            all_reduce(_bounded(dm, m, "full_tensor"), value, _REDUCE[p.reduce_op])
             if p.reduce_op == "avg":
                 value = value / dm.size(m)
     sharding = [m for m, p in enumerate(placements) if not isinstance(p, (Replicate, Partial))]
@@ -167,27 +174,45 @@ def full_tensor(local: torch.Tensor, dm: DistributedMesh, spec: ShardingSpec) ->
     in_order = _pieces_in_memory_order(spec)
     if in_order is not None:
         return _gather_in_order(value, dm, spec, in_order)
-    flat = dm[tuple(sharding)].flatten()
-    members = flat.group_ranks(0)
-    runs = [spec.local_runs(r) for r in members]
-    shapes = [tuple(sum(b - a for a, b in rr) for rr in per) for per in runs]
-    sizes = [_numel(s) for s in shapes]
+    return _gather_by_runs(value, dm, spec, sharding)
+
+
+def _gather_padded(
+    value: torch.Tensor, flat: DistributedMesh, sizes: Sequence[int]
+) -> tuple[torch.Tensor, int]:
+    """All-gather every member's piece over the 1-D ``flat``, each padded to the largest.
+
+    ``sizes[j]`` is member ``j``'s element count. Returns the receive buffer (member
+    ``j``'s piece at ``[j * width, j * width + sizes[j])``) and ``width``. The padding
+    is never read; a piece of full width is sent as is (no copy when contiguous).
+    """
     width = max(sizes)
-    if _numel(value.shape) == width:  # no padding needed: send the piece itself
+    mine = value.numel()
+    if mine == width:
         send = value.contiguous().reshape(-1)
     else:
-        send = torch.zeros(width, dtype=local.dtype, device=local.device)
-        send[: _numel(value.shape)] = value.reshape(-1)
-    recv = torch.empty(width * len(members), dtype=local.dtype, device=local.device)
-    dist.all_gather_single(recv, send, group=flat.get_group(0))
-    out = torch.empty(spec.global_shape, dtype=local.dtype, device=local.device)
-    whole: tuple[Runs, ...] = tuple(((0, s),) if s else () for s in spec.global_shape)
-    for j, (per, shape, n) in enumerate(zip(runs, shapes, sizes)):
-        if n == 0:
-            continue
-        piece = recv[j * width : j * width + n].reshape(shape)
-        for src_sl, dst_sl in _boxes(per, whole):
-            out[dst_sl] = piece[src_sl]
+        send = value.new_empty(width)
+        send[:mine] = value.reshape(-1)
+    recv = value.new_empty(width * len(sizes))
+    all_gather(_bounded(flat, 0, "full_tensor"), recv, send)
+    return recv, width
+
+
+def _gather_by_runs(
+    value: torch.Tensor, dm: DistributedMesh, spec: ShardingSpec, sharding: Sequence[int]
+) -> torch.Tensor:
+    """Gather over the flattened sharding dims, then copy each piece by its runs."""
+    flat = dm[tuple(sharding)].flatten()
+    members = flat.group_ranks(0)
+    shapes = [spec.local_shape(r) for r in members]
+    sizes = [_numel(shape) for shape in shapes]
+    recv, width = _gather_padded(value, flat, sizes)
+    out = value.new_empty(spec.global_shape)
+    for j, (rank, shape, n) in enumerate(zip(members, shapes, sizes)):
+        if n:
+            piece = recv[j * width : j * width + n].reshape(shape)
+            for rb in run_boxes(spec, rank):
+                out[box_slices(rb.box)] = piece[rb.local_slices()]
     return out
 
 
@@ -220,17 +245,8 @@ def _gather_in_order(
     view of the receive buffer). Otherwise the later pieces slide left, once each.
     """
     flat = dm[tuple(m for m in dims if dm.size(m) > 1)].flatten()
-    members = flat.group_ranks(0)
-    sizes = [_numel(spec.local_shape(r)) for r in members]
-    width = max(sizes)
-    mine = _numel(value.shape)
-    if mine == width:
-        send = value.contiguous().reshape(-1)
-    else:
-        send = value.new_empty(width)
-        send[:mine] = value.reshape(-1)
-    recv = value.new_empty(width * len(members))
-    dist.all_gather_single(recv, send, group=flat.get_group(0))
+    sizes = [_numel(spec.local_shape(r)) for r in flat.group_ranks(0)]
+    recv, width = _gather_padded(value, flat, sizes)
     offset = 0
     for j, n in enumerate(sizes):
         start = j * width
@@ -257,77 +273,84 @@ def redistribute(
     ``Partial`` dims must be the same in both specs (no reduction happens here).
     """
     dm._require_member("redistribute")
-    for spec in (src_spec, dst_spec):
-        if spec.mesh != dm.mesh:
-            raise ValueError(f"a spec is over {spec.mesh!r}, the DistributedMesh over {dm.mesh!r}")
-    if src_spec.global_shape != dst_spec.global_shape:
-        raise ValueError(
-            f"global shapes differ: {src_spec.global_shape} vs {dst_spec.global_shape}"
-        )
-    src_p, dst_p = src_spec.placements(), dst_spec.placements()
-    partial_src = {m: p for m, p in enumerate(src_p) if isinstance(p, Partial)}
-    partial_dst = {m: p for m, p in enumerate(dst_p) if isinstance(p, Partial)}
-    if partial_src != partial_dst:
-        raise NotImplementedError(
-            f"redistribute moves data only; Partial dims differ ({partial_src} vs {partial_dst}): "
-            "reduce with full_tensor or a collective first"
-        )
-    if tuple(local.shape) != src_spec.local_shape(dm.rank):
-        raise ValueError(
-            f"local piece of rank {dm.rank} has shape {tuple(local.shape)}, "
-            f"src_spec says {src_spec.local_shape(dm.rank)}"
-        )
-    me = dm.rank
-    mesh = dm.mesh
-    unsharded = [m for m, p in enumerate(src_p) if isinstance(p, (Replicate, Partial))]
-    my_coord = mesh.coordinate(me)
-    assert my_coord is not None
-    out = torch.empty(dst_spec.local_shape(me), dtype=local.dtype, device=local.device)
+    _check_redistribute(local, src_spec, dst_spec, dm)
     flat = dm.flatten()
-    members = flat.group_ranks(0)
-
-    def sender_ok(sender: int, receiver: int) -> bool:
-        cs, cr = mesh.coordinate(sender), mesh.coordinate(receiver)
-        assert cs is not None and cr is not None
-        return all(cs[m] == cr[m] for m in unsharded)
-
-    my_src = src_spec.local_runs(me)
-    my_dst = dst_spec.local_runs(me)
-    send_parts: list[torch.Tensor] = []
-    send_sizes: list[int] = []
-    recv_plans: list[list[tuple[slice, ...]]] = []
-    recv_sizes: list[int] = []
-    for peer in members:
-        # What I send to peer.
-        if peer != me and sender_ok(me, peer):
-            boxes = _boxes(my_src, dst_spec.local_runs(peer))
-            parts = [local[s].reshape(-1) for s, _ in boxes]
-            send_parts.extend(parts)
-            send_sizes.append(sum(p.numel() for p in parts))
-        else:
-            send_sizes.append(0)
-        # What I receive from peer.
-        if peer == me:
-            for s, d in _boxes(my_src, my_dst):
-                out[d] = local[s]
-            recv_plans.append([])
-            recv_sizes.append(0)
-        elif sender_ok(peer, me):
-            boxes = _boxes(src_spec.local_runs(peer), my_dst)
-            recv_plans.append([d for _, d in boxes])
-            recv_sizes.append(sum(_numel(out[d].shape) for _, d in boxes))
-        else:
-            recv_plans.append([])
-            recv_sizes.append(0)
-    send = torch.cat(send_parts) if send_parts else local.new_empty(0)
-    recv = local.new_empty(sum(recv_sizes))
-    if len(members) > 1:
-        dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=flat.get_group(0))
+    plan = _Exchange(local, src_spec, dst_spec, dm, flat.group_ranks(0))
+    recv = local.new_empty(sum(plan.recv_sizes))
+    all_to_all(_bounded(flat, 0, "redistribute"), recv, plan.send, plan.recv_sizes, plan.send_sizes)
+    out = plan.out
     offset = 0
-    for plan in recv_plans:
-        for d in plan:
+    for regions in plan.recv_regions:
+        for d in regions:
             region = out[d]
             n = region.numel()
             out[d] = recv[offset : offset + n].reshape(region.shape)
             offset += n
     return out
+
+
+def _check_redistribute(
+    local: torch.Tensor, src_spec: ShardingSpec, dst_spec: ShardingSpec, dm: DistributedMesh
+) -> None:
+    for spec in (src_spec, dst_spec):
+        _same_mesh(spec, dm)
+    if src_spec.global_shape != dst_spec.global_shape:
+        raise ValueError(
+            f"global shapes differ: {src_spec.global_shape} vs {dst_spec.global_shape}"
+        )
+    partial_src = {m: p for m, p in enumerate(src_spec.placements()) if isinstance(p, Partial)}
+    partial_dst = {m: p for m, p in enumerate(dst_spec.placements()) if isinstance(p, Partial)}
+    if partial_src != partial_dst:
+        raise NotImplementedError(
+            f"redistribute moves data only; Partial dims differ ({partial_src} vs {partial_dst}): "
+            "reduce with full_tensor or a collective first"
+        )
+    _check_local(local, src_spec, dm.rank, "src_spec")
+
+
+class _Exchange:
+    """What this rank sends to and receives from each member, in member order.
+
+    A destination element is sent by the holder whose coordinates on the source's
+    unsharded (Replicate / Partial) mesh dims equal the receiver's, so each element
+    moves at most once and data already in place is copied locally into ``out``.
+    The boxes of a (sender, receiver) pair are a pure function of the specs and ranks, so
+    sender and receiver agree on their order without communicating.
+    """
+
+    def __init__(
+        self,
+        local: torch.Tensor,
+        src_spec: ShardingSpec,
+        dst_spec: ShardingSpec,
+        dm: DistributedMesh,
+        members: Sequence[int],
+    ) -> None:
+        mesh, me = dm.mesh, dm.rank
+        unsharded = [
+            m for m, p in enumerate(src_spec.placements()) if isinstance(p, (Replicate, Partial))
+        ]
+        self.out = local.new_empty(dst_spec.local_shape(me))
+        parts: list[torch.Tensor] = []
+        self.send_sizes: list[int] = []
+        self.recv_sizes: list[int] = []
+        self.recv_regions: list[list[tuple[slice, ...]]] = []
+        for peer in members:
+            if peer == me:  # data already in place: a local copy
+                for s, d in _pairs(src_spec, me, dst_spec, me):
+                    self.out[d] = local[s]
+            sends = peer != me and _same_coords(mesh, me, peer, unsharded)
+            boxes = _pairs(src_spec, me, dst_spec, peer) if sends else []
+            parts.extend(local[s].reshape(-1) for s, _ in boxes)
+            self.send_sizes.append(sum(_numel(local[s].shape) for s, _ in boxes))
+            receives = peer != me and _same_coords(mesh, peer, me, unsharded)
+            regions = [d for _, d in _pairs(src_spec, peer, dst_spec, me)] if receives else []
+            self.recv_regions.append(regions)
+            self.recv_sizes.append(sum(_numel(self.out[d].shape) for d in regions))
+        self.send = torch.cat(parts) if parts else local.new_empty(0)
+
+
+def _same_coords(mesh: Mesh, a: int, b: int, dims: Sequence[int]) -> bool:
+    ca, cb = mesh.coordinate(a), mesh.coordinate(b)
+    assert ca is not None and cb is not None
+    return all(ca[m] == cb[m] for m in dims)

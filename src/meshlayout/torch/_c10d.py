@@ -1,0 +1,277 @@
+"""Every private torch access of meshlayout, in one file.
+
+torch 2.13 has no public API for a few things the runtime needs: the default
+store, a group created by its members only under a name we choose, a
+``DeviceMesh`` over groups that already exist and a rank map shared between
+meshes, and per-operation timeouts on collectives. This module wraps each of them
+in one small function, so a torch upgrade touches this file only;
+``tests/test_torch_private.py`` fails if a private torch name appears anywhere else
+under ``src/``.
+
+Each function says which torch versions it was checked on: ``2.13.0`` (CPU build)
+and ``2.14.1`` (CUDA build run on CPU), by the torch-side tests of both versions
+(``make test-torch-latest`` runs them on the newest torch).
+
+One private name lives elsewhere on purpose: ``sharding/_spec.py`` converts
+to and from torch's ``_StridedShard`` placement (layer 2 cannot import this layer-4
+module, and torch has no public name for that placement).
+
+>>> CHECKED_ON
+('2.13.0', '2.14.1')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import Store
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ..layout import Layout
+
+__all__ = [
+    "CHECKED_ON",
+    "Store",
+    "all_gather_single",
+    "all_reduce",
+    "all_to_all_single",
+    "broadcast",
+    "create_group",
+    "default_store",
+    "default_timeout",
+    "device_mesh_over_groups",
+    "is_registered",
+    "local_tensor",
+    "options_fields",
+]
+
+CHECKED_ON = ("2.13.0", "2.14.1")
+"""torch versions on which every function below was checked."""
+
+
+def _c10d() -> Any:
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d
+
+
+# ---------------------------------------------------------------------- the default group
+
+
+def default_store() -> Store:
+    """The default process group's store (c10d's ``_get_default_store``).
+
+    Checked on 2.13.0, 2.14.1.
+    """
+    store: Store = _c10d()._get_default_store()
+    return store
+
+
+def default_timeout(backend: str | None = None) -> timedelta:
+    """c10d's default collective timeout for ``backend`` (default: the default group's).
+
+    ``_get_default_timeout``: 30 min for gloo, 10 min for nccl on 2.13 and 2.14.
+    Checked on 2.13.0, 2.14.1.
+    """
+    name = str(dist.get_backend()) if backend is None else backend
+    timeout: timedelta = _c10d()._get_default_timeout(dist.Backend(name))
+    return timeout
+
+
+def is_registered(pg: dist.ProcessGroup) -> bool:
+    """Whether c10d still knows ``pg`` (False once destroyed): ``_world.pg_map``.
+
+    Checked on 2.13.0, 2.14.1.
+    """
+    return pg in _c10d()._world.pg_map
+
+
+# ---------------------------------------------------------------------- group creation
+
+
+def options_fields(options: Any) -> list[tuple[str, str]]:
+    """``(name, repr)`` of the data attributes of backend options, sorted by name.
+
+    Public attributes, plus ``_timeout``: the gloo and nccl ``Options`` keep their
+    timeout under that private name. Checked on 2.13.0, 2.14.1.
+    """
+    fields = []
+    for attr in sorted(dir(options)):
+        if attr.startswith("__") or (attr.startswith("_") and attr != "_timeout"):
+            continue
+        try:
+            value = getattr(options, attr)
+        except Exception:
+            continue
+        if not callable(value):
+            fields.append((attr, repr(value)))
+    return fields
+
+
+def create_group(
+    members: tuple[int, ...],
+    backend: str,
+    options: Any,
+    timeout: timedelta,
+    name: str,
+    desc: str,
+) -> dist.ProcessGroup:
+    """One process group over ``members`` (in that order) with OUR name, members only.
+
+    torch has no public API that both creates a group by its members only and lets
+    the caller choose the name (``new_group`` derives the name of a
+    ``use_local_synchronization`` group from the number of groups the caller already
+    holds, so members with different histories disagree and hang). We call
+    ``_new_process_group_helper`` (what ``new_group`` itself calls) and record the
+    global -> group rank map in ``_world.pg_group_ranks`` as ``new_group`` does, so
+    ``get_process_group_ranks``, ``get_group_rank`` and DeviceMesh work on the result.
+    The ``fake`` backend (one-member groups) registers itself when
+    ``torch.testing._internal.distributed.fake_pg`` is imported.
+
+    Checked on 2.13.0, 2.14.1 (2.14 adds ``enable_reconfigure=False``; unused).
+    """
+    c10d = _c10d()
+    if backend == dist.Backend.FAKE and dist.Backend.FAKE.upper() not in dist.Backend._plugins:
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401
+
+    default_pg = c10d._get_default_group()
+    _, store = c10d._world.pg_map[default_pg]
+    me = default_pg.rank()
+    device_id = default_pg.bound_device_id if backend != dist.Backend.FAKE else None
+    pg, _ = c10d._new_process_group_helper(
+        len(members),
+        members.index(me),
+        list(members),
+        backend,
+        store,
+        c10d.GroupName(name),
+        backend_options=options,
+        timeout=timeout,
+        device_id=device_id,
+        group_desc=desc,
+    )
+    c10d._world.pg_group_ranks[pg] = {g: i for i, g in enumerate(members)}
+    result: dist.ProcessGroup = pg
+    return result
+
+
+# ---------------------------------------------------------------------- DeviceMesh
+
+
+def device_mesh_over_groups(
+    device_type: str,
+    names: Sequence[str],
+    axes: Sequence[Layout],
+    rank_map: torch.Tensor,
+    groups: Sequence[dist.ProcessGroup],
+) -> DeviceMesh:
+    """A torch ``DeviceMesh`` with our axes over a shared rank map, and our groups.
+
+    The public ``DeviceMesh.from_group`` only takes the rank's own sub-mesh, so two
+    meshes built from it never share a rank map and FSDP2 cannot combine a DP mesh
+    with a TP mesh. torch's mesh model is ours (per-dim flat layouts over positions
+    into one rank map, both row-major): we pass the axes as ``_MeshLayout`` of
+    ``_FlatLayout`` (private constructor arguments ``_layout``, ``_rank_map``,
+    ``_init_backend``) and attach the groups by name (``_dim_group_names``,
+    ``_pg_registry``) as ``from_group`` does. ``_FlatLayout`` re-normalises each
+    axis; we check that it enumerates the same positions.
+
+    Checked on 2.13.0, 2.14.1.
+    """
+    from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
+    from torch.distributed.device_mesh import DeviceMesh
+
+    flats = []
+    for name, axis in zip(names, axes):
+        flat = _FlatLayout(axis.shape, axis.stride)
+        if flat.all_ranks_from_zero() != axis.indices().tolist():  # pragma: no cover
+            raise RuntimeError(f"torch re-normalised axis {name!r} ({axis}) to {flat}")
+        flats.append(flat)
+    tdm = DeviceMesh(
+        device_type,
+        _layout=_MeshLayout(flats),
+        _rank_map=rank_map,
+        mesh_dim_names=tuple(names),
+        _init_backend=False,
+    )
+    tdm._dim_group_names = [g.group_name for g in groups]
+    for g in groups:
+        tdm._pg_registry[g.group_name] = g
+    return tdm
+
+
+def local_tensor(dtensor: Any) -> torch.Tensor:
+    """The tensor a DTensor wraps (``_local_tensor``), without ``to_local()``'s autograd
+    wrapper, so its type (a tensor subclass with its own checkpoint protocol) shows.
+
+    Checked on 2.13.0, 2.14.1.
+    """
+    local: torch.Tensor = dtensor._local_tensor
+    return local
+
+
+# ---------------------------------------------------------------------- collectives with a timeout
+#
+# The ``torch.distributed`` collectives take no timeout: they use the group's, fixed
+# at creation (the default group's comes from ``init_process_group``). The
+# ProcessGroup methods they call take an options object whose ``timeout`` bounds the
+# operation itself; gloo honours it (checked: a missing peer fails the op after that
+# timeout, and the group's worker thread is free again). ``AllgatherOptions`` is not
+# re-exported by ``torch.distributed``. Tensors must be real (callers view complex
+# tensors as real) and contiguous; group ranks are positions in the group.
+
+
+def all_gather_single(
+    out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup, timeout: timedelta
+) -> None:
+    """``out`` = every member's ``inp`` concatenated in group-rank order.
+
+    Checked on 2.13.0, 2.14.1.
+    """
+    opts = _c10d().AllgatherOptions()
+    opts.timeout = timeout
+    group.all_gather_single(out, inp, opts).wait()
+
+
+def all_reduce(
+    tensor: torch.Tensor, op: dist.ReduceOp.RedOpType, group: dist.ProcessGroup, timeout: timedelta
+) -> None:
+    """Reduce ``tensor`` in place over ``group``. Checked on 2.13.0, 2.14.1."""
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = op  # type: ignore[assignment]  # pybind converts RedOpType
+    opts.timeout = timeout
+    group.allreduce([tensor], opts).wait()
+
+
+def broadcast(
+    tensor: torch.Tensor, root: int, group: dist.ProcessGroup, timeout: timedelta
+) -> None:
+    """Copy the group rank ``root``'s ``tensor`` to every member. Checked on 2.13.0, 2.14.1."""
+    opts = dist.BroadcastOptions()
+    opts.rootRank = root
+    opts.rootTensor = 0
+    opts.timeout = timeout
+    group.broadcast([tensor], opts).wait()
+
+
+def all_to_all_single(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    out_sizes: Sequence[int],
+    in_sizes: Sequence[int],
+    group: dist.ProcessGroup,
+    timeout: timedelta,
+) -> None:
+    """Send ``in_sizes[j]`` elements of ``inp`` to group rank ``j``, receive into ``out``.
+
+    Checked on 2.13.0, 2.14.1.
+    """
+    opts = dist.AllToAllOptions()
+    opts.timeout = timeout
+    group.all_to_all_single(out, inp, list(out_sizes), list(in_sizes), opts).wait()
