@@ -12,6 +12,7 @@ from . import _requirements  # noqa: F401  (first: explains a missing or old tor
 from ._errors import MeshMismatchError, RankTimeoutError
 from ._mesh import DistributedMesh, init_mesh, mesh_fingerprint
 from ._parallel import ParallelMeshes, build, build_parallel_dims
+from ._reshard import reshard
 from ._tensor import distribute, full_tensor, redistribute
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "init_mesh",
     "mesh_fingerprint",
     "redistribute",
+    "reshard",
 ]
