@@ -19,6 +19,7 @@ from typing import Any
 from meshlayout import layout as ml
 from meshlayout.layout import Layout
 
+
 def clear_caches() -> None:
     ml.clear_caches()
 
