@@ -79,9 +79,10 @@ def report_text(report: dict[str, Any], tensor: str | None = None) -> str:
     )
     rows = [("tensor", "shape", "dtype", "chunks", "tiling")]
     for t in tensors:
-        rows.append(
-            (t["name"], str(tuple(t["shape"])), t["dtype"], str(len(t["chunks"])), t["tiling"])
-        )
+        verdict = t["tiling"]
+        if t.get("stored"):
+            verdict += f"; {len(t['stored'])} stored chunks differ from the metadata"
+        rows.append((t["name"], str(tuple(t["shape"])), t["dtype"], str(len(t["chunks"])), verdict))
     widths = [max(len(r[k]) for r in rows) for k in range(4)]
     lines = [head, ""]
     for r in rows:
