@@ -1,7 +1,9 @@
-"""The layer rule of DESIGN.md: a module never imports a module of a higher layer.
+"""The layer rule (docs/design.md): a module never imports a module of a higher layer.
 
 Every ``import``/``from ... import`` in ``src/meshlayout`` (also the lazy ones inside
-functions) is resolved to a meshlayout module and checked against this table.
+functions and methods) and every ``importlib.import_module(...)`` / ``__import__(...)``
+call is resolved to a meshlayout module and checked against this table. A dynamic
+import whose module name is not a string literal cannot be checked and is refused.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ LAYERS = {
     "render": 3,
     "cli": 4,
     "cli_args": 4,
+    "cli_checkpoint": 4,
+    "cli_reshard": 4,
     "demo": 4,
     "torch": 4,
 }
@@ -39,27 +43,68 @@ def _module_of(path: Path, root: Path = SRC) -> tuple[str, ...]:
 
 
 def _imports(path: Path, root: Path = SRC) -> list[tuple[str, bool]]:
-    """(absolute dotted name, at module level?) of every import in ``path``."""
+    """(absolute dotted name, at module level?) of every import in ``path``.
+
+    A dynamic import with a computed name is reported as ``"<dynamic>"``.
+    """
     tree = ast.parse(path.read_text())
     package = ("meshlayout", *_module_of(path, root))
     if path.name != "__init__.py":
         package = package[:-1]
-    top_level = {id(node) for node in tree.body}
+    top_level = _run_at_import(tree)
     out: list[tuple[str, bool]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out.extend((alias.name, id(node) in top_level) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[: len(package) - node.level + 1]
-                name = ".".join(base + ((node.module,) if node.module else ()))
-            else:
-                name = node.module or ""
+            name = _resolve(node.module or "", node.level, package)
             if node.module is None:  # from . import x, y
                 out.extend((f"{name}.{a.name}", id(node) in top_level) for a in node.names)
             else:
                 out.append((name, id(node) in top_level))
+        elif isinstance(node, ast.Call) and _is_dynamic_import(node.func):
+            target = node.args[0] if node.args else None
+            if isinstance(target, ast.Constant) and isinstance(target.value, str):
+                text = target.value
+                level = len(text) - len(text.lstrip("."))
+                out.append((_resolve(text[level:], level, package), id(node) in top_level))
+            else:
+                out.append(("<dynamic>", id(node) in top_level))
     return out
+
+
+def _run_at_import(tree: ast.Module) -> set[int]:
+    """Ids of the nodes executed when the module is imported: outside function bodies
+    and outside ``if TYPE_CHECKING:`` blocks."""
+    out: set[int] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        out.add(id(node))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return out
+
+
+def _resolve(module: str, level: int, package: tuple[str, ...]) -> str:
+    """The absolute name of ``from <level dots><module> import ...`` inside ``package``."""
+    if not level:
+        return module
+    base = package[: len(package) - level + 1]
+    return ".".join(base + ((module,) if module else ()))
+
+
+def _is_dynamic_import(func: ast.expr) -> bool:
+    """``importlib.import_module``, ``import_module``, ``__import__`` (any receiver)."""
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    return name in ("import_module", "__import__")
 
 
 FILES = sorted(SRC.rglob("*.py"))
@@ -76,6 +121,9 @@ def violations(path: Path, root: Path = SRC) -> list[str]:
     own = LAYERS[mod[0]] if mod else PURE_LAYERS  # the package __init__ re-exports 1-3
     found = []
     for name, at_top in _imports(path, root):
+        if name == "<dynamic>":
+            found.append(f"{path.name} (layer {own}) imports a computed module name")
+            continue
         parts = name.split(".")
         if parts[0] == "meshlayout" and len(parts) > 1 and LAYERS[parts[1]] > own:
             found.append(f"{path.name} (layer {own}) imports {name} (layer {LAYERS[parts[1]]})")
@@ -105,3 +153,39 @@ def test_the_checker_catches_planted_violations(tmp_path: Path) -> None:
         "_spec.py (layer 2) imports meshlayout.parallel_dims (layer 3)",
     ]
     assert violations(root / "mesh.py", root) == []
+
+
+def test_the_checker_catches_dynamic_and_lazy_upward_imports(tmp_path: Path) -> None:
+    root = tmp_path / "meshlayout"
+    root.mkdir()
+    (root / "parallel_dims.py").write_text(
+        "import importlib\n\n"
+        "class ParallelDims:\n"
+        "    def build(self):\n"
+        '        return importlib.import_module("meshlayout.torch").build(self)\n'
+        "    def lazy(self):\n"
+        "        from .torch import build\n"
+        "        return build(self)\n"
+        "    def dunder(self):\n"
+        '        return __import__("meshlayout.cli")\n'
+        "    def relative(self):\n"
+        '        return importlib.import_module(".demo", __package__)\n'
+        "    def computed(self, name):\n"
+        "        return importlib.import_module(name)\n"
+    )
+    (root / "mesh.py").write_text(
+        'import importlib\nnp = importlib.import_module("numpy")\n'
+        "if TYPE_CHECKING:\n    import torch\n"
+    )
+    (root / "layout.py").write_text('import importlib\nt = importlib.import_module("torch")\n')
+    assert violations(root / "parallel_dims.py", root) == [
+        "parallel_dims.py (layer 3) imports meshlayout.torch (layer 4)",
+        "parallel_dims.py (layer 3) imports meshlayout.cli (layer 4)",
+        "parallel_dims.py (layer 3) imports meshlayout.demo (layer 4)",
+        "parallel_dims.py (layer 3) imports a computed module name",
+        "parallel_dims.py (layer 3) imports meshlayout.torch (layer 4)",
+    ]
+    assert violations(root / "mesh.py", root) == []  # not meshlayout; torch only for typing
+    assert violations(root / "layout.py", root) == [
+        "layout.py (layer 1) imports torch at module level"
+    ]

@@ -1,20 +1,20 @@
-"""DistributedMesh on real gloo processes: membership, order, counts, checks, torch interop."""
+"""DistributedMesh on real gloo processes: membership, order, counts, checks, torch interop.
+
+Time limits here only prevent hangs (generous, counted after start-up).
+"""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 
 pytest.importorskip("torch")
 
-import torch._dynamo  # noqa: F401  (DTensor imports it lazily: 2-8 s per forked child)
-
 from multiproc import run_multiproc
 from test_torch_groups import _count_creations
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(600)]
 
 PERMUTED = [5, 2, 7, 0, 3, 6, 1, 4]
 
@@ -33,7 +33,7 @@ def _membership(rank: int, world: int) -> list[str]:
         Mesh((2, 2, 2), ("a", "b", "c"), ranks=PERMUTED)["c", "a"],  # a transposed family
     ]
     for mesh in meshes:
-        dm = init_mesh(mesh, timeout=30)
+        dm = init_mesh(mesh, timeout=120)
         coord = mesh.coordinate(rank)
         if dm.coordinate != coord:
             problems.append(f"{mesh}: coordinate {dm.coordinate} != {coord}")
@@ -60,7 +60,7 @@ def _membership(rank: int, world: int) -> list[str]:
 
 
 def test_group_membership_and_order_match_mesh_including_permuted_rank_maps() -> None:
-    out = run_multiproc(_membership, 8, timeout=90)
+    out = run_multiproc(_membership, 8, timeout=240)
     assert out == [[]] * 8
 
 
@@ -71,11 +71,11 @@ def _counts(rank: int, world: int) -> dict[str, Any]:
     counts = _count_creations()
     res: dict[str, Any] = {}
     mesh = Mesh({"pp": 2, "dp": 2, "tp": 2}, ranks=PERMUTED)
-    dm = init_mesh(mesh, timeout=30)
+    dm = init_mesh(mesh, timeout=120)
     res["init"] = counts["ours"]
     before = counts["ours"]
     dm["tp", "pp"], dm["dp"], dm[("pp", "dp", "tp")]
-    init_mesh(mesh, timeout=30)
+    init_mesh(mesh, timeout=120)
     res["slice_and_reinit"] = counts["ours"] - before
     before = counts["ours"]
     flat = dm["dp", "tp"].flatten("dptp")
@@ -84,7 +84,7 @@ def _counts(rank: int, world: int) -> dict[str, Any]:
     back = flat.unflatten("dptp", (2, 2), ("dp", "tp"))
     dm["dp", "tp"].flatten()
     dm.unflatten("pp", (2,), ("pp2",))
-    init_mesh(mesh["dp", "tp"].flatten("x"), timeout=30)
+    init_mesh(mesh["dp", "tp"].flatten("x"), timeout=120)
     res["existing"] = counts["ours"] - before
     res["back_equal"] = back.mesh == mesh["dp", "tp"]
     res["torch_calls"] = counts["new_group"] + counts["split_group"]
@@ -93,7 +93,7 @@ def _counts(rank: int, world: int) -> dict[str, Any]:
 
 
 def test_creation_counts_init_slice_reinit_flatten_unflatten() -> None:
-    out = run_multiproc(_counts, 8, timeout=90)
+    out = run_multiproc(_counts, 8, timeout=240)
     for res in out:
         assert res["init"] <= 3  # <= ndim per rank
         assert res["init"] == 3  # all dims have size 2, none equals the world
@@ -111,7 +111,7 @@ def _world_and_single(rank: int, world: int) -> dict[str, Any]:
     from meshlayout.torch import init_mesh
 
     counts = _count_creations()
-    dm = init_mesh(Mesh({"one": 1, "dp": 4}), timeout=30)
+    dm = init_mesh(Mesh({"one": 1, "dp": 4}), timeout=120)
     return {
         "ours": counts["ours"],
         "dp_is_world": dm.get_group("dp") is dist.group.WORLD,
@@ -123,7 +123,7 @@ def _world_and_single(rank: int, world: int) -> dict[str, Any]:
 def test_world_dim_reuses_default_group_and_size_one_dims_create_no_communicator() -> None:
     from meshlayout.torch._groups import stats  # noqa: F401  (import check only)
 
-    out = run_multiproc(_world_and_single, 4, timeout=60)
+    out = run_multiproc(_world_and_single, 4, timeout=240)
     for res in out:
         assert res["dp_is_world"] and res["one_size"] == 1
         assert res["one_backend"] == "fake"
@@ -134,7 +134,7 @@ def _outside(rank: int, world: int) -> Any:
     from meshlayout import Mesh
     from meshlayout.torch import init_mesh
 
-    dm = init_mesh(Mesh({"dp": 2}, ranks=[3, 1]), timeout=30)
+    dm = init_mesh(Mesh({"dp": 2}, ranks=[3, 1]), timeout=120)
     if rank in (1, 3):
         return dm.get_local_rank("dp")
     errors = []
@@ -147,7 +147,7 @@ def _outside(rank: int, world: int) -> Any:
 
 
 def test_rank_outside_mesh_gets_value_error() -> None:
-    out = run_multiproc(_outside, 4, timeout=60)
+    out = run_multiproc(_outside, 4, timeout=240)
     assert out[3] == 0 and out[1] == 1
     for r in (0, 2):
         coordinate, errors = out[r]
@@ -160,21 +160,18 @@ def _mismatch(rank: int, world: int) -> Any:
     from meshlayout.torch import MeshMismatchError, init_mesh
 
     names = ("tp", "dp") if rank == 2 else ("dp", "tp")
-    t0 = time.monotonic()
     try:
-        init_mesh(Mesh((2, 2), names), timeout=20)
+        # a long timeout: the mismatch must be reported at once (the run's own bound
+        # is far shorter), and as a mismatch, not as a timeout
+        init_mesh(Mesh((2, 2), names), timeout=3600)
     except MeshMismatchError as exc:
-        return (exc.ranks, exc.fields, time.monotonic() - t0)
+        return (exc.ranks, exc.fields)
     return "no error"
 
 
-def test_init_mesh_mismatch_raises_on_every_rank_within_20s() -> None:
-    t0 = time.monotonic()
-    out = run_multiproc(_mismatch, 4, timeout=40)
-    assert time.monotonic() - t0 < 20
-    for res in out:
-        ranks, fields, seconds = res
-        assert ranks == (2,) and fields == ("names",) and seconds < 20
+def test_init_mesh_mismatch_raises_on_every_rank_without_waiting() -> None:
+    out = run_multiproc(_mismatch, 4, timeout=240)
+    assert out == [((2,), ("names",))] * 4
 
 
 def _distribute(rank: int, world: int) -> list[str]:
@@ -186,7 +183,7 @@ def _distribute(rank: int, world: int) -> list[str]:
 
     problems = []
     mesh = Mesh((2, 2), ("dp", "tp"), ranks=[3, 0, 2, 1])
-    dm = init_mesh(mesh, timeout=30)
+    dm = init_mesh(mesh, timeout=120)
     tdm = dm.to_torch()
     x = torch.arange(6 * 4, dtype=torch.float32).reshape(6, 4)
     dt = distribute_tensor(x, tdm, [Shard(0), Shard(1)])
@@ -206,35 +203,40 @@ def _distribute(rank: int, world: int) -> list[str]:
 
 
 def test_to_torch_drives_distribute_tensor_on_a_permuted_mesh() -> None:
-    assert run_multiproc(_distribute, 4, timeout=60) == [[]] * 4
+    assert run_multiproc(_distribute, 4, timeout=240) == [[]] * 4
 
 
 def _build(rank: int, world: int) -> dict[str, Any]:
     import torch.distributed as dist
 
     from meshlayout import ParallelDims
+    from meshlayout.torch import build
 
     counts = _count_creations()
     pd = ParallelDims(8, dp_replicate=2, dp_shard=2, tp=2, ep=2)
-    built = pd.build("cpu", timeout=30)
+    built = build(pd, "cpu", timeout=120)
     res: dict[str, Any] = {"calls": counts["ours"]}
     for view in ("tp", "dp_shard", "fsdp", "hsdp", "batch", "ep", "efsdp"):
-        dm = built.get(view)
+        dm = built.get_or_create(view)
+        assert built.get(view) is dm and built[view] is dm
         mesh = pd.mesh(view)
         for d in range(mesh.ndim):
             got = dist.get_process_group_ranks(dm.get_group(d))
             assert got == list(mesh.group(rank, d)), (view, d, got)
     res["after"] = counts["ours"]
+    res["dp_shard_x_tp_is_new"] = built.get_or_create(("dp_shard", "tp")).shape == (2, 2)
+    res["one_more"] = counts["ours"] - res["after"]  # (dp_shard, tp) holds no new group
     return res
 
 
 def test_parallel_dims_build_creates_each_distinct_group_once() -> None:
-    out = run_multiproc(_build, 8, timeout=90)
+    out = run_multiproc(_build, 8, timeout=240)
     for res in out:
         # distinct non-trivial groups of one rank: dp_replicate, dp_shard (= fsdp, efsdp?),
         # tp, batch (= dp_replicate x dp_shard = loss), ep ... never more than the views.
         assert res["calls"] <= 8
         assert res["after"] == res["calls"]
+        assert res["dp_shard_x_tp_is_new"] and res["one_more"] == 0
 
 
 # ---------------------------------------------------------------------- backend_override
@@ -247,7 +249,7 @@ def _override(rank: int, world: int) -> dict[str, Any]:
     from meshlayout.torch import init_mesh
 
     mesh = Mesh({"dp": 2, "tp": 2})
-    dm = init_mesh(mesh, backend_override={"dp": "fake"}, timeout=30)
+    dm = init_mesh(mesh, backend_override={"dp": "fake"}, timeout=120)
     res: dict[str, Any] = {
         "dp": dist.get_backend(dm.get_group("dp")),
         "tp": dist.get_backend(dm.get_group("tp")),
@@ -255,11 +257,11 @@ def _override(rank: int, world: int) -> dict[str, Any]:
         "unflatten_dp": dist.get_backend(dm.unflatten("dp", (2, 1), ("a", "b")).get_group("a")),
         "dp_members": dist.get_process_group_ranks(dm.get_group("dp")),
     }
-    by_index = init_mesh(mesh, backend_override=[None, "gloo"], timeout=30)
+    by_index = init_mesh(mesh, backend_override=[None, "gloo"], timeout=120)
     res["by_index_tp"] = dist.get_backend(by_index.get_group("tp"))
     for bad, kind in (({"xx": "gloo"}, KeyError), (["gloo"], ValueError), ([1, None], TypeError)):
         try:
-            init_mesh(mesh, backend_override=bad, timeout=30)
+            init_mesh(mesh, backend_override=bad, timeout=120)
             res[f"bad {bad}"] = "no error"
         except kind as exc:
             res[f"bad {bad}"] = type(exc).__name__
@@ -267,7 +269,7 @@ def _override(rank: int, world: int) -> dict[str, Any]:
 
 
 def test_backend_override_per_dim_is_honoured_and_inherited() -> None:
-    out = run_multiproc(_override, 4, timeout=90)
+    out = run_multiproc(_override, 4, timeout=240)
     for rank, res in enumerate(out):
         assert res["dp"] == "fake" and res["tp"] == "gloo", res
         assert res["slice_dp"] == "fake" and res["unflatten_dp"] == "fake", res

@@ -468,7 +468,7 @@ examples:
   meshlayout demo --nproc 8            # dp_shard=4 x tp=2
 
 Plans the meshes with ParallelDims, starts local CPU processes (gloo on
-127.0.0.1), binds the meshes to process groups with ParallelDims.build("cpu"),
+127.0.0.1), binds the meshes to process groups with meshlayout.torch.build(pd, "cpu"),
 trains a 10->6->10 MLP with tensor parallelism + FSDP2 on them, and checks the
 losses against a single-process run and every parameter's full_tensor against
 torch and the single-process weights. Exit status 1 if any check fails.

@@ -7,7 +7,7 @@ The demo is the end-to-end check a user runs first:
    interpreter (never ``fork``: the caller may already have used torch's thread
    pools, stores or process groups, and a forked child of such a process can
    hang; and not multiprocessing's ``spawn`` either, which re-runs the caller's
-   main script), bind the meshes to real process groups with ``ParallelDims.build("cpu")`` and hand them to torch's
+   main script), bind the meshes to real process groups with ``meshlayout.torch.build(pd, "cpu")`` and hand them to torch's
    tensor parallelism (``ColwiseParallel``/``RowwiseParallel``) and FSDP2
    (``fully_shard``) through ``DistributedMesh.to_torch()``;
 3. train a 10 -> 6 -> 10 MLP (uneven FSDP-over-TP shards) for ``steps`` steps,
@@ -198,7 +198,7 @@ def _worker(rank: int, cfg: DemoConfig, port: int, events: Any) -> None:
     )
 
     from .sharding import ShardingSpec
-    from .torch import full_tensor
+    from .torch import build, full_tensor
 
     try:
         _quiet_torch()
@@ -208,7 +208,7 @@ def _worker(rank: int, cfg: DemoConfig, port: int, events: Any) -> None:
         events.put(("ready", rank))
         _quiet_torch()  # again: process-group start-up re-reads torch's log settings
         pd = demo_parallel_dims(cfg.nproc)
-        built = pd.build("cpu")
+        built = build(pd, "cpu")
         batch = built.get("batch")
         model = _make_model()
         if pd.enabled("tp"):

@@ -285,18 +285,6 @@ class ParallelDims(TorchtitanAccessors):
         """Every named view, in the order of :data:`VIEWS`."""
         return {name: self._view(name) for name in VIEWS}
 
-    # ------------------------------------------------------------------ runtime
-    def build(self, device_type: str = "cpu", **kwargs: Any) -> Any:
-        """Bind every view to real process groups (needs ``meshlayout[torch]``).
-
-        Returns an object whose ``.get(view)`` is a
-        :class:`meshlayout.torch.DistributedMesh`; see :mod:`meshlayout.torch`.
-        """
-        import importlib
-
-        runtime = importlib.import_module("meshlayout.torch")  # lazy: layer 4 imports torch
-        return runtime.build_parallel_dims(self, device_type, **kwargs)
-
 
 def _restore(
     world: int, degrees: dict[str, int], order: tuple[str, ...], rank_map: RankMap
