@@ -204,11 +204,21 @@ def _gather_by_runs(
     """Gather over the flattened sharding dims, then copy each piece by its runs."""
     flat = dm[tuple(sharding)].flatten()
     members = flat.group_ranks(0)
-    shapes = [spec.local_shape(r) for r in members]
-    sizes = [_numel(shape) for shape in shapes]
-    recv, width = _gather_padded(value, flat, sizes)
-    out = value.new_empty(spec.global_shape)
-    for j, (rank, shape, n) in enumerate(zip(members, shapes, sizes)):
+    recv, width = _gather_padded(value, flat, [_numel(spec.local_shape(r)) for r in members])
+    return _assemble_by_runs(recv, width, spec, members)
+
+
+def _assemble_by_runs(
+    recv: torch.Tensor, width: int, spec: ShardingSpec, members: Sequence[int]
+) -> torch.Tensor:
+    """The global tensor from ``members``' pieces, member ``j``'s at ``recv[j * width:]``.
+
+    The members together hold every element (one sub-mesh of the sharding dims).
+    """
+    out = recv.new_empty(spec.global_shape)
+    for j, rank in enumerate(members):
+        shape = spec.local_shape(rank)
+        n = _numel(shape)
         if n:
             piece = recv[j * width : j * width + n].reshape(shape)
             for rb in run_boxes(spec, rank):
@@ -247,6 +257,13 @@ def _gather_in_order(
     flat = dm[tuple(m for m in dims if dm.size(m) > 1)].flatten()
     sizes = [_numel(spec.local_shape(r)) for r in flat.group_ranks(0)]
     recv, width = _gather_padded(value, flat, sizes)
+    return _assemble_in_order(recv, width, sizes, spec.global_shape)
+
+
+def _assemble_in_order(
+    recv: torch.Tensor, width: int, sizes: Sequence[int], shape: Sequence[int]
+) -> torch.Tensor:
+    """Close the padding gaps of ``recv`` in place; a view of it shaped ``shape``."""
     offset = 0
     for j, n in enumerate(sizes):
         start = j * width
@@ -256,7 +273,7 @@ def _gather_in_order(
                 piece = piece.clone()
             recv[offset : offset + n] = piece
         offset += n
-    return recv[:offset].view(spec.global_shape)
+    return recv[:offset].view(tuple(shape))
 
 
 def redistribute(
@@ -275,18 +292,10 @@ def redistribute(
     dm._require_member("redistribute")
     _check_redistribute(local, src_spec, dst_spec, dm)
     flat = dm.flatten()
-    plan = _Exchange(local, src_spec, dst_spec, dm, flat.group_ranks(0))
+    plan = _Exchange(local, src_spec, dst_spec, dm.rank, flat.group_ranks(0))
     recv = local.new_empty(sum(plan.recv_sizes))
     all_to_all(_bounded(flat, 0, "redistribute"), recv, plan.send, plan.recv_sizes, plan.send_sizes)
-    out = plan.out
-    offset = 0
-    for regions in plan.recv_regions:
-        for d in regions:
-            region = out[d]
-            n = region.numel()
-            out[d] = recv[offset : offset + n].reshape(region.shape)
-            offset += n
-    return out
+    return plan.unpack(recv)
 
 
 def _check_redistribute(
@@ -323,10 +332,11 @@ class _Exchange:
         local: torch.Tensor,
         src_spec: ShardingSpec,
         dst_spec: ShardingSpec,
-        dm: DistributedMesh,
+        me: int,
         members: Sequence[int],
     ) -> None:
-        mesh, me = dm.mesh, dm.rank
+        mesh = dst_spec.mesh
+        assert isinstance(mesh, Mesh)
         unsharded = [
             m for m, p in enumerate(src_spec.placements()) if isinstance(p, (Replicate, Partial))
         ]
@@ -348,6 +358,17 @@ class _Exchange:
             self.recv_regions.append(regions)
             self.recv_sizes.append(sum(_numel(self.out[d].shape) for d in regions))
         self.send = torch.cat(parts) if parts else local.new_empty(0)
+
+    def unpack(self, recv: torch.Tensor) -> torch.Tensor:
+        """``out`` with the received elements (concatenated in member order) in place."""
+        offset = 0
+        for regions in self.recv_regions:
+            for d in regions:
+                region = self.out[d]
+                n = region.numel()
+                self.out[d] = recv[offset : offset + n].reshape(region.shape)
+                offset += n
+        return self.out
 
 
 def _same_coords(mesh: Mesh, a: int, b: int, dims: Sequence[int]) -> bool:
