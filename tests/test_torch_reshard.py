@@ -348,8 +348,8 @@ def _timeout_case(rank: int) -> dict[str, Any]:
     checked = (ShardingSpec((8, 4), fsdp, [Shard(0)]), ShardingSpec((8, 4), tp, [Shard(1)]))
     fresh = (ShardingSpec((8, 4), fsdp, [Shard(0)]), ShardingSpec((8, 4), tp, [Shard(0)]))
     out: dict[str, Any] = {}
-    if rank not in (0, 1, 2, 3):
-        return out
+    if rank in (4, 5):
+        return _dtype_change_case(rank)
     reshard(torch.zeros(2, 4), *checked, timeout=60)  # all four: the pair is checked
     if rank == 3:
         return out
@@ -362,6 +362,27 @@ def _timeout_case(rank: int) -> dict[str, Any]:
         except Exception as exc:
             out[key] = (type(exc).__name__, (), str(exc))
     return out
+
+
+def _dtype_change_case(rank: int) -> dict[str, Any]:
+    """Ranks 4, 5: after a checked call, rank 5 alone switches dtype. Rank 5 re-checks
+    (its dtype for the pair changed) while rank 4 goes to the collective: both fail
+    within the timeout naming the other, instead of exchanging mismatched bytes."""
+    import torch
+
+    from meshlayout.torch import RankTimeoutError, reshard
+
+    src = ShardingSpec((4, 4), Mesh({"x": 2}, ranks=[4, 5]), [Shard(0)])
+    dst = ShardingSpec((4, 4), Mesh({"y": 2}, ranks=[4, 5]), [Shard(1)])
+    reshard(torch.zeros(2, 4), src, dst, timeout=60)
+    x = torch.zeros(2, 4, dtype=torch.float64 if rank == 5 else torch.float32)
+    try:
+        reshard(x, src, dst, timeout=8)
+    except RankTimeoutError as exc:
+        return {"dtype change": ("RankTimeoutError", exc.missing)}
+    except Exception as exc:
+        return {"dtype change": (type(exc).__name__, str(exc))}
+    return {"dtype change": ("no error", ())}
 
 
 # ---------------------------------------------------------------------- parent side
@@ -427,6 +448,8 @@ def test_bad_inputs_fail_fast_and_precisely(
 
 def test_absent_rank_is_named(outcome: tuple[list[Case], list[dict[str, Any]]]) -> None:
     _, results = outcome
+    assert results[4]["timeout"]["dtype change"] == ("RankTimeoutError", (5,))
+    assert results[5]["timeout"]["dtype change"] == ("RankTimeoutError", (4,))
     for r in (0, 1, 2):
         for key in ("collective", "check"):
             got = results[r]["timeout"][key]

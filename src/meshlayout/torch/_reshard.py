@@ -12,10 +12,11 @@ How one call runs on a rank of the *union* of both rank sets:
    from the plan, as slices of the local pieces, grouped per peer of the union group
    (sorted global ranks). Local copies (the rank already holds the element) are
    plain copies, never sent.
-2. **First call with a spec pair only:** the union's ranks compare the two specs
-   and the source dtype through the default store (``check_consistent``, O(1) store
-   operations per rank); a disagreement raises :class:`MeshMismatchError` on every
-   rank, absent ranks are named in a :class:`RankTimeoutError`.
+2. **First call with a spec pair (or a new dtype for it) only:** the union's ranks
+   compare the two specs and the source dtype through the default store
+   (``check_consistent``, O(1) store operations per rank); a disagreement raises
+   :class:`MeshMismatchError` on every rank, absent ranks are named in a
+   :class:`RankTimeoutError`.
 3. **Dtype for destination-only ranks:** when some destination rank holds no source
    piece, the lowest source rank posts the dtype in the store and those ranks read
    it (one ``set``; three operations per reader). Otherwise nothing is exchanged.
@@ -113,10 +114,11 @@ def reshard(
     ``timeout`` (seconds or ``timedelta``; default: c10d's default for the backend);
     a rank that never reaches it is named in a
     :class:`~meshlayout.torch.RankTimeoutError` on the others. The first call with a
-    spec pair checks that every rank of the union holds the same specs and dtype
-    (:class:`~meshlayout.torch.MeshMismatchError` on every rank otherwise); later
-    calls with the pair must keep the source ranks' dtypes equal, as any collective
-    requires. Not differentiable (the result does not require grad).
+    spec pair, and a call whose dtype differs from the pair's last check on this
+    rank, check that every rank of the union holds the same specs and dtype
+    (:class:`~meshlayout.torch.MeshMismatchError` on every rank otherwise; a rank
+    that alone changes dtype later is named by a timeout on both sides). Not
+    differentiable (the result does not require grad).
     """
     _check_specs(src_spec, dst_spec)
     if not dist.is_initialized():
@@ -131,7 +133,7 @@ def reshard(
         source = _check_local(local, src_spec, me, sched.src_shape)
     td = as_timedelta(timeout, _c10d.default_timeout())
     kind = _exchange_dtype(sched, me, source, td)
-    if sched.fingerprint not in _CHECKED:
+    if _CHECKED.get(sched.fingerprint) != kind:
         check_consistent(
             dict(sched.fields) | {"dtype": kind},
             sched.members,
@@ -139,7 +141,7 @@ def reshard(
             what="reshard",
             set_digest=sched.union_digest,
         )
-        _CHECKED.add(sched.fingerprint)
+        _CHECKED[sched.fingerprint] = kind
     dtype, device = (source.dtype, source.device) if source is not None else _parse_dtype(kind)
     out = torch.empty(sched.dst_shape, dtype=dtype, device=device) if sched.in_dst else None
     if out is not None and source is not None:
@@ -380,9 +382,10 @@ def _block_start(shape: tuple[int, ...], box: Slices) -> int | None:
 
 
 # ---------------------------------------------------------------------- dtype exchange
-# Spec pairs (fingerprints) whose first call was checked across the union. Never
+# Spec pair (fingerprint) -> the dtype its last check was made with. A rank checks on
+# the first call with a pair and whenever its dtype for the pair changes. Never
 # evicted: whether a rank checks must not depend on its cache history.
-_CHECKED: set[str] = set()
+_CHECKED: dict[str, str] = {}
 # Per union: dtype exchanges this process has taken part in (the store key's index).
 _EXCHANGES: dict[str, int] = {}
 
