@@ -6,7 +6,8 @@ empty tensor, a 0-d tensor, a plain tensor, non-tensor values); the same run rel
 as (dp=3, tp=2), (dp=2, tp=3) and (dp=6), and checks HSDP. A 4-process run reloads it
 as (dp=2, tp=2) and covers the undecodable ``[_StridedShard(0, 2)]`` case, a plain-DCP
 checkpoint of even shardings and ``dcp.async_save``. A single process (no process
-group) loads it into plain tensors, and ``dcp_to_torch_save`` converts it.
+group) loads it into plain tensors, and ``dcp_to_torch_save`` converts it. An
+8-process run checks three-level strided DTensors made by torch's ``redistribute``.
 
 Expected values never come from the code under test: parameters are compared with a
 single-process model built from the same seed (pieces cut by the brute-force
@@ -479,3 +480,51 @@ def test_one_process_loads_plain_tensors(six: tuple[Path, list[dict[str, Any]]])
     root, _ = six
     (out,) = run_multiproc(_single, 1, str(root), timeout=200, start_method="spawn", init=False)
     assert out == {"ours": [], "plain dcp.load": [], "dcp_to_torch_save": []}
+
+
+# ---------------------------------------------------------------------- 8 processes
+def _redistributed(rank: int, world: int, root: str) -> dict[int, dict[str, Any]]:
+    """Three-level strided DTensors made by torch's redistribute on a (2, 2, 2) mesh."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    from meshlayout.torch import checkpoint as mlcp
+
+    mesh = init_device_mesh("cpu", (2, 2, 2))
+    placements = [_StridedShard(0, split_factor=4), Shard(0), Shard(0)]
+    out: dict[int, dict[str, Any]] = {}
+    for n in (9, 5):
+        full = torch.arange(float(n))
+        y = distribute_tensor(full, mesh, [Replicate()] * 3).redistribute(mesh, placements)
+        spec = mlcp.dtensor_spec(y)
+        res: dict[str, Any] = {"nested": torch.equal(y.to_local(), spec.shard(full, rank))}
+        for name in ("plain", "ours"):
+            path = f"{root}/redistributed_{name}{n}"
+            whole = {"y": torch.zeros(n)}
+            try:
+                if name == "plain":
+                    dcp.save({"y": y}, checkpoint_id=path)
+                    dcp.load(whole, checkpoint_id=path)
+                else:
+                    mlcp.save({"y": y}, path)
+                    mlcp.load(whole, path)
+                res[name] = whole["y"].tolist()
+            except BaseException as exc:
+                res[name] = _failure(exc)
+        out[n] = res
+    return out
+
+
+def test_redistributed_three_level_strided_on_eight_processes(tmp_path: Path) -> None:
+    """torch's redistribute lays ``[_StridedShard(0, 4), Shard(0), Shard(0)]`` out in the
+    nested order (what our planner assumes); plain DCP cannot save 9 rows or load 5."""
+    results = run_multiproc(_redistributed, 8, str(tmp_path), timeout=400, start_method="spawn")
+    for out in results:
+        for n in (9, 5):
+            assert out[n]["nested"]
+            assert out[n]["ours"] == [float(i) for i in range(n)]
+        assert "overlapping chunks" in out[9]["plain"]
+        assert "mismatch sizes torch.Size([1]) vs torch.Size([0])" in out[5]["plain"]
