@@ -187,3 +187,58 @@ def test_plain_dcp_uneven_checkpoints_fail_loudly_through_our_planner(tmp_path: 
     assert "overlap on ((7, 8), (0, 3))" in out["plain13"]
     # 7 rows: the metadata tiles but rank 4's data file holds 0 rows where it says 1
     assert "mismatch sizes torch.Size([1, 3]) vs torch.Size([0, 3])" in out["plain7"]
+
+
+# ---------------------------------------------------------------------- input errors
+def _input_errors(rank: int, world: int, root: str) -> dict[str, str]:
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import Partial as TPartial
+
+    from dcp_emulation import as_rank, device_mesh
+    from meshlayout.sharding import torch_split_runs
+    from meshlayout.torch import checkpoint as mlcp
+
+    out: dict[str, str] = {}
+
+    def attempt(key: str, fn: Any) -> None:
+        try:
+            fn()
+            out[key] = "no error"
+        except BaseException as exc:
+            out[key] = f"{type(exc).__name__}: {exc}"
+
+    with as_rank(0, 1):  # one rank, no_dist: DCP wraps planning errors, save() unwraps
+        mesh = Mesh((1,))
+        partial = DTensor.from_local(torch.ones(3), device_mesh(mesh, 0), [TPartial()])
+        attempt("partial save", lambda: mlcp.save({"p": partial}, f"{root}/p", no_dist=True))
+    # FSDP-over-TP placements, but local pieces cut by torch's split reading (what
+    # torch's distribute_tensor would produce): rank 4 holds 1 row, the nested order 0
+    spec = ShardingSpec((7, 3), Mesh({"dp": 3, "tp": 2}), [StridedShard(0, 2), Shard(0)])
+    with as_rank(4, 6):
+        (rows, _) = torch_split_runs((7, 3), (3, 2), spec.placements(), (2, 0))
+        local = torch.arange(21.0).view(7, 3)[rows[0][0] : rows[0][1]]
+        wrong = DTensor.from_local(
+            local,
+            device_mesh(spec.mesh, 4),
+            spec.to_torch(),
+            run_check=False,
+            shape=(7, 3),
+            stride=(3, 1),
+        )
+        planner = mlcp.ExactSavePlanner()
+        attempt("split layout", lambda: planner.set_up_planner({"w": wrong}, None, False))
+    return out
+
+
+def test_input_errors_name_the_tensor(tmp_path: Any) -> None:
+    (out,) = run_multiproc(
+        _input_errors, 1, str(tmp_path), timeout=240, start_method="spawn", init=False
+    )
+    assert out["partial save"].startswith("ValueError: ranks [0]: p: DTensor placements")
+    assert "include Partial" in out["partial save"]
+    assert out["split layout"].startswith(
+        "ValueError: w: rank 4 holds a local tensor of shape (1, 3), but "
+        "[_StridedShard(dim=0, sf=2), Shard(dim=0)] on mesh (3, 2) laid out in the nested "
+        "shard order (as FSDP2, TP and redistribute store it) gives (0, 3)"
+    )
