@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from . import cli_reshard, render
+from . import cli_checkpoint, cli_reshard, render
 from .cli_args import (
     ArgError,
     build_mesh,
@@ -526,6 +526,9 @@ COMMANDS: dict[str, Command] = {
         _demo_arguments,
         _demo_run,
         _DEMO_EPILOG,
+    ),
+    "checkpoint": Command(
+        cli_checkpoint.HELP, cli_checkpoint.add_arguments, cli_checkpoint.run, cli_checkpoint.EPILOG
     ),
 }
 
