@@ -290,15 +290,7 @@ def _six(rank: int, world: int, root: str) -> dict[str, Any]:
     return out
 
 
-@pytest.fixture(scope="module")
-def six(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
-    root = tmp_path_factory.mktemp("ckpt6")
-    results = run_multiproc(_six, 6, str(root), timeout=560, start_method="spawn")
-    return root, results
-
-
-def test_issue_cases_plain_dcp_fails_ours_is_exact(six: tuple[Path, list[dict[str, Any]]]) -> None:
-    _, results = six
+def _check_issue_cases(results: list[dict[str, Any]]) -> None:
     for rank, out in enumerate(results):
         issue = out["issue"]
         # torch 2.13 (a fix in torch would show here): 7 rows save, then load fails ...
@@ -311,18 +303,15 @@ def test_issue_cases_plain_dcp_fails_ours_is_exact(six: tuple[Path, list[dict[st
             assert issue[f"exact{rows} load"] == (True, True), (rank, rows)
 
 
-def test_uneven_fsdp_tp_reloads_on_six_processes(six: tuple[Path, list[dict[str, Any]]]) -> None:
-    _, results = six
+def _check_reloads_on_six(results: list[dict[str, Any]]) -> None:
     for out in results:
         assert out["reload 3x2"] == []
         assert out["reload 2x3"] == []
         assert out["reload 6"] == []
 
 
-def test_hsdp_writes_each_chunk_once_from_both_replicas(
-    six: tuple[Path, list[dict[str, Any]]],
-) -> None:
-    _, results = six
+def _check_hsdp(results: list[dict[str, Any]]) -> None:
+    """HSDP: each chunk written once, by both replica groups."""
     hsdp = results[0]["hsdp"]
     assert hsdp["placements"] == ["R", "S(0)"]
     for out in results:
@@ -415,9 +404,7 @@ def _four(rank: int, world: int, root: str) -> dict[str, Any]:
     }
 
 
-def test_four_processes(six: tuple[Path, list[dict[str, Any]]]) -> None:
-    root, _ = six
-    results = run_multiproc(_four, 4, str(root), timeout=400, start_method="spawn")
+def _check_four(results: list[dict[str, Any]]) -> None:
     for rank, out in enumerate(results):
         assert out["reload 2x2"] == []
         strided = out["strided"]
@@ -476,10 +463,22 @@ def _single(rank: int, world: int, root: str) -> dict[str, Any]:
     return out
 
 
-def test_one_process_loads_plain_tensors(six: tuple[Path, list[dict[str, Any]]]) -> None:
-    root, _ = six
-    (out,) = run_multiproc(_single, 1, str(root), timeout=200, start_method="spawn", init=False)
+def _check_single(out: dict[str, Any]) -> None:
     assert out == {"ours": [], "plain dcp.load": [], "dcp_to_torch_save": []}
+
+
+# ---------------------------------------------------------------------- the test
+def test_uneven_fsdp_tp_checkpoint_on_6_then_4_then_1_processes(tmp_path: Path) -> None:
+    """One test, three runs sharing one checkpoint (spawned once, even under xdist)."""
+    six = run_multiproc(_six, 6, str(tmp_path), timeout=560, start_method="spawn")
+    _check_issue_cases(six)
+    _check_reloads_on_six(six)
+    _check_hsdp(six)
+    _check_four(run_multiproc(_four, 4, str(tmp_path), timeout=400, start_method="spawn"))
+    (single,) = run_multiproc(
+        _single, 1, str(tmp_path), timeout=200, start_method="spawn", init=False
+    )
+    _check_single(single)
 
 
 # ---------------------------------------------------------------------- 8 processes
