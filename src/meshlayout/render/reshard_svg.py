@@ -13,11 +13,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..sharding import ReshardPlan, run_boxes
+from ..sharding import ReshardPlan, Transfer, run_boxes
 from ._fmt import range_label
 from ._svg import Svg, Swatch, fill_colour, stack, stroke_colour
 
@@ -60,37 +61,42 @@ def _shade(value: int, top: int) -> str:
     return f"hsl(215,75%,{light:.0f}%)"
 
 
-def traffic_picture(plan: ReshardPlan, *, max_cells: int = 48, title: str | None = None) -> Svg:
-    """The traffic matrix as a heat map (see the module docstring).
+@dataclass(frozen=True)
+class _Traffic:
+    """The traffic matrix binned for drawing: rank bins per axis, elements sent and kept."""
 
-    >>> from meshlayout import Mesh
-    >>> from meshlayout.sharding import Shard, ShardingSpec, reshard_plan
-    >>> src = ShardingSpec((8, 6), Mesh({"dp": 4}), [Shard(0)])
-    >>> dst = ShardingSpec((8, 6), Mesh({"tp": 2}, ranks=[2, 3]), [Shard(1)])
-    >>> svg = traffic_picture(reshard_plan(src, dst)).to_string()
-    >>> svg.count('class="cell"'), svg.count('class="local"')
-    (8, 2)
-    """
-    if max_cells < 1:
-        raise ValueError(f"max_cells must be >= 1, got {max_cells}")
+    rows: list[list[int]]
+    cols: list[list[int]]
+    sent: Any
+    kept: Any
+
+    @property
+    def top(self) -> int:
+        """The most elements one cell sends (0 if nothing is sent)."""
+        return int(self.sent.max()) if self.sent.size else 0
+
+
+def _binned_traffic(plan: ReshardPlan, max_cells: int) -> _Traffic:
+    """Elements sent and kept per (source bin, destination bin)."""
     rows, row_of = _bins(plan.src_ranks, max_cells)
     cols, col_of = _bins(plan.dst_ranks, max_cells)
-    cols_ = plan.arrays()
-    src_pos = np.searchsorted(np.array(plan.src_ranks, dtype=np.int64), cols_["src"])
-    dst_pos = np.searchsorted(np.array(plan.dst_ranks, dtype=np.int64), cols_["dst"])
-    local = cols_["src"] == cols_["dst"]
+    arrays = plan.arrays()
+    src_pos = np.searchsorted(np.array(plan.src_ranks, dtype=np.int64), arrays["src"])
+    dst_pos = np.searchsorted(np.array(plan.dst_ranks, dtype=np.int64), arrays["dst"])
+    local = arrays["src"] == arrays["dst"]
     sent = np.zeros((len(rows), len(cols)), dtype=np.int64)
     kept = np.zeros_like(sent)
     if len(local):
-        np.add.at(sent, (row_of[src_pos[~local]], col_of[dst_pos[~local]]), cols_["numel"][~local])
-        np.add.at(kept, (row_of[src_pos[local]], col_of[dst_pos[local]]), cols_["numel"][local])
-    top = int(sent.max()) if sent.size else 0
-    cell = max(6.0, min(40.0, 520.0 / max(len(rows), len(cols), 1)))
-    label_w = 7 * max([len(range_label(m)) for m in rows] + [3]) + 8
-    left = MARGIN + label_w
-    top_y = MARGIN + 44
-    binned = len(rows) < len(plan.src_ranks) or len(cols) < len(plan.dst_ranks)
-    head = title or "elements sent: source rank (rows) -> destination rank (columns)"
+        np.add.at(sent, (row_of[src_pos[~local]], col_of[dst_pos[~local]]), arrays["numel"][~local])
+        np.add.at(kept, (row_of[src_pos[local]], col_of[dst_pos[local]]), arrays["numel"][local])
+    return _Traffic(rows, cols, sent, kept)
+
+
+def _traffic_notes(
+    plan: ReshardPlan, traffic: _Traffic, binned: bool
+) -> list[tuple[str, Swatch | None]]:
+    """The legend under the heat map: the darkest shade, local copies, bins, totals."""
+    top = traffic.top
     notes: list[tuple[str, Swatch | None]] = [
         (
             f"darkest: {top} elements" if top else "nothing is sent",
@@ -108,54 +114,103 @@ def traffic_picture(plan: ReshardPlan, *, max_cells: int = 48, title: str | None
             None,
         )
     )
+    return notes
+
+
+def _column_labels(svg: Svg, cols: list[list[int]], left: float, top_y: float, cell: float) -> None:
+    """Destination rank ranges above the columns (every few columns when cells are small)."""
+    every_col = max(1, int(np.ceil(30 / cell)))
+    for j, members in enumerate(cols):
+        if j % every_col == 0:
+            x = left + j * cell + cell / 2
+            svg.text(x, top_y - 6, range_label(members), text_anchor="middle", font_size=9)
+
+
+def _traffic_cell(
+    svg: Svg,
+    x: float,
+    y: float,
+    cell: float,
+    src: list[int],
+    dst: list[int],
+    n: int,
+    k: int,
+    top: int,
+) -> None:
+    """One cell: shaded by the ``n`` elements sent, outlined if ``k`` are kept locally."""
+    tip = f"rank {range_label(src)} -> rank {range_label(dst)}: {n} elements"
+    if k:
+        tip += f"; {k} kept locally"
+    svg.rect(x, y, cell, cell, tip, fill=_shade(n, top or 1), stroke="#ddd", class_="cell")
+    if k:
+        svg.rect(
+            x + 1.5,
+            y + 1.5,
+            cell - 3,
+            cell - 3,
+            fill="none",
+            stroke=LOCAL_STROKE,
+            stroke_width=2,
+            stroke_dasharray="4,2",
+            class_="local",
+        )
+    label = short_count(n) if n else (f"({short_count(k)})" if k else "")
+    if label and cell >= 7 * len(label) + 4 and cell >= 16:
+        dark = n and n / (top or 1) > 0.45
+        svg.text(
+            x + cell / 2,
+            y + cell / 2 + 4,
+            label,
+            text_anchor="middle",
+            font_size=10,
+            fill="white" if dark else "#222",
+        )
+
+
+def _traffic_rows(svg: Svg, traffic: _Traffic, left: float, top_y: float, cell: float) -> None:
+    """Every row of the heat map: its source rank range (every few rows) and its cells."""
+    every_row = max(1, int(np.ceil(12 / cell)))
+    for i, members in enumerate(traffic.rows):
+        y = top_y + i * cell
+        if i % every_row == 0:
+            svg.text(
+                left - 6, y + cell / 2 + 4, range_label(members), text_anchor="end", font_size=9
+            )
+        for j, dst_members in enumerate(traffic.cols):
+            n, k = int(traffic.sent[i, j]), int(traffic.kept[i, j])
+            _traffic_cell(svg, left + j * cell, y, cell, members, dst_members, n, k, traffic.top)
+
+
+def traffic_picture(plan: ReshardPlan, *, max_cells: int = 48, title: str | None = None) -> Svg:
+    """The traffic matrix as a heat map (see the module docstring).
+
+    >>> from meshlayout import Mesh
+    >>> from meshlayout.sharding import Shard, ShardingSpec, reshard_plan
+    >>> src = ShardingSpec((8, 6), Mesh({"dp": 4}), [Shard(0)])
+    >>> dst = ShardingSpec((8, 6), Mesh({"tp": 2}, ranks=[2, 3]), [Shard(1)])
+    >>> svg = traffic_picture(reshard_plan(src, dst)).to_string()
+    >>> svg.count('class="cell"'), svg.count('class="local"')
+    (8, 2)
+    """
+    if max_cells < 1:
+        raise ValueError(f"max_cells must be >= 1, got {max_cells}")
+    traffic = _binned_traffic(plan, max_cells)
+    rows, cols = traffic.rows, traffic.cols
+    cell = max(6.0, min(40.0, 520.0 / max(len(rows), len(cols), 1)))
+    label_w = 7 * max([len(range_label(m)) for m in rows] + [3]) + 8
+    left = MARGIN + label_w
+    top_y = MARGIN + 44
+    binned = len(rows) < len(plan.src_ranks) or len(cols) < len(plan.dst_ranks)
+    head = title or "elements sent: source rank (rows) -> destination rank (columns)"
+    notes = _traffic_notes(plan, traffic, binned)
     width = max(left + cell * len(cols), 8.2 * len(head), 7 * max(len(t) for t, _ in notes) + 40)
     height = top_y + cell * len(rows) + 20 + LINE_H * len(notes) + MARGIN
     svg = Svg(width + 2 * MARGIN, height)
     svg.parts.append("<style>rect.cell:hover{stroke:#000;stroke-width:2}</style>")
     svg.text(MARGIN, MARGIN + 8, head, font_size=13, font_weight="bold")
     svg.text(MARGIN, MARGIN + 24, "source \\ destination", fill="#555")
-    every_col = max(1, int(np.ceil(30 / cell)))
-    for j, members in enumerate(cols):
-        if j % every_col == 0:
-            x = left + j * cell + cell / 2
-            svg.text(x, top_y - 6, range_label(members), text_anchor="middle", font_size=9)
-    every_row = max(1, int(np.ceil(12 / cell)))
-    for i, members in enumerate(rows):
-        y = top_y + i * cell
-        if i % every_row == 0:
-            svg.text(
-                left - 6, y + cell / 2 + 4, range_label(members), text_anchor="end", font_size=9
-            )
-        for j, dst_members in enumerate(cols):
-            x = left + j * cell
-            n, k = int(sent[i, j]), int(kept[i, j])
-            tip = f"rank {range_label(members)} -> rank {range_label(dst_members)}: {n} elements"
-            if k:
-                tip += f"; {k} kept locally"
-            svg.rect(x, y, cell, cell, tip, fill=_shade(n, top or 1), stroke="#ddd", class_="cell")
-            if k:
-                svg.rect(
-                    x + 1.5,
-                    y + 1.5,
-                    cell - 3,
-                    cell - 3,
-                    fill="none",
-                    stroke=LOCAL_STROKE,
-                    stroke_width=2,
-                    stroke_dasharray="4,2",
-                    class_="local",
-                )
-            label = short_count(n) if n else (f"({short_count(k)})" if k else "")
-            if label and cell >= 7 * len(label) + 4 and cell >= 16:
-                dark = n and n / (top or 1) > 0.45
-                svg.text(
-                    x + cell / 2,
-                    y + cell / 2 + 4,
-                    label,
-                    text_anchor="middle",
-                    font_size=10,
-                    fill="white" if dark else "#222",
-                )
+    _column_labels(svg, cols, left, top_y, cell)
+    _traffic_rows(svg, traffic, left, top_y, cell)
     end = svg.legend(MARGIN, top_y + cell * len(rows) + 22, notes, LINE_H)
     svg.height = end - LINE_H + MARGIN
     return svg
@@ -168,6 +223,153 @@ def _drawn_dims(shape: tuple[int, ...]) -> tuple[int | None, int | None]:
     if len(shape) == 1:
         return None, 0
     return 0, 1
+
+
+@dataclass(frozen=True)
+class _TensorDrawing:
+    """How the tensor is drawn in every panel: the drawn dims, the scale, the drawn size."""
+
+    rdim: int | None
+    cdim: int | None
+    scale: float
+    width: float
+    height: float
+
+    @classmethod
+    def of(cls, shape: tuple[int, ...], panel: float) -> _TensorDrawing:
+        """Dims 0 x 1 (a 1-D tensor as one row) scaled to fit ``panel`` points."""
+        rdim, cdim = _drawn_dims(shape)
+        n_rows = shape[rdim] if rdim is not None else 1
+        n_cols = shape[cdim] if cdim is not None else 1
+        scale = min(panel / max(n_cols, 1), (panel if rdim is not None else 28) / max(n_rows, 1))
+        return cls(rdim, cdim, scale, max(n_cols * scale, 1), max(n_rows * scale, 1))
+
+    def box(
+        self,
+        svg: Svg,
+        box: tuple[tuple[int, int], ...],
+        origin: tuple[float, float],
+        style: tuple[str, str, str | None],
+        tip: str,
+        cls: str,
+    ) -> tuple[float, float]:
+        """Draw ``box`` (projected on the drawn dims) at ``origin``; returns its drawn (w, h).
+
+        ``style`` is (fill, stroke, dash or None).
+        """
+        gx, gy = origin
+        fill, stroke, dash = style
+        a, b = _span(box, self.rdim)
+        c, d = _span(box, self.cdim)
+        w, h = (d - c) * self.scale, (b - a) * self.scale
+        svg.rect(
+            gx + c * self.scale,
+            gy + a * self.scale,
+            max(w, 0.5),
+            max(h, 0.5),
+            tip,
+            fill=fill,
+            stroke=stroke,
+            stroke_width=1.5 if dash else 0.8,
+            stroke_dasharray=dash,
+            class_=cls,
+        )
+        return w, h
+
+
+def _receive_notes(plan: ReshardPlan, drawing: _TensorDrawing, shown: int) -> list[str]:
+    """Notes on what the panels leave out: 0-d or projected tensors, ranks not drawn."""
+    shape = plan.dst_spec.global_shape
+    notes: list[str] = []
+    if drawing.rdim is None and drawing.cdim is None:
+        notes.append("0-d tensor: nothing to draw")
+    elif len(shape) > 2:
+        notes.append(f"dims 0 x 1 drawn; dims 2.. of shape {shape} are projected")
+    if len(plan.dst_ranks) > shown:
+        notes.append(f".. {len(plan.dst_ranks) - shown} more destination ranks not drawn")
+    return notes
+
+
+@dataclass
+class _Receives:
+    """What :func:`receive_picture` draws, gathered panel by panel for the legend."""
+
+    plan: ReshardPlan
+    drawing: _TensorDrawing
+    max_boxes: int
+    src_index: dict[int, int]
+    svg: Svg = field(default_factory=lambda: Svg(0, 0))
+    senders: dict[int, None] = field(default_factory=dict)  # in order of first drawing
+    many: bool = False  # some panel had too many boxes to draw one by one
+
+    def panel(self, dst: int, x0: float, y0: float) -> None:
+        """Destination ``dst``'s panel at ``(x0, y0)``: a heading, the tensor, its boxes."""
+        plan, drawing, svg = self.plan, self.drawing, self.svg
+        shape = plan.dst_spec.global_shape
+        recv = plan.receives(dst)
+        kept = plan.local_copies(dst)
+        n_recv = sum(t.numel for t in recv)
+        n_kept = sum(t.numel for t in kept)
+        svg.text(x0, y0 + 12, f"rank {dst}: receives {n_recv}, keeps {n_kept}", font_size=10)
+        origin = (x0, y0 + 20)
+        tip = f"tensor {shape}"
+        svg.rect(*origin, drawing.width, drawing.height, tip, fill="#f3f3f3", stroke="#999")
+        boxes = kept + recv
+        if len(boxes) > self.max_boxes:
+            self._grey_piece(dst, recv, origin)
+            boxes = kept
+        for t in boxes:
+            self._transfer_box(dst, t, origin)
+
+    def _grey_piece(self, dst: int, recv: Sequence[Transfer], origin: tuple[float, float]) -> None:
+        """Too many boxes to tell apart: the rank's piece in grey (local copies go on top)."""
+        self.many = True
+        note = f"{len(recv)} boxes, {len({t.src_rank for t in recv})} senders"
+        for rb in run_boxes(self.plan.dst_spec, dst):
+            tip = f"rank {dst}: {note} (too many to draw)"
+            self.drawing.box(self.svg, rb.box, origin, (GREY, GREY_STROKE, None), tip, "box many")
+        gx, gy = origin
+        self.svg.text(gx, gy + self.drawing.height + 12, note + " (grey)", font_size=9, fill="#555")
+
+    def _transfer_box(self, dst: int, t: Transfer, origin: tuple[float, float]) -> None:
+        """One box ``dst`` receives (or keeps), in its sender's colour, labelled if it fits."""
+        i = self.src_index.get(t.src_rank, 0)
+        if not t.is_local:
+            self.senders.setdefault(t.src_rank)
+        what = "kept (local copy)" if t.is_local else f"from rank {t.src_rank}"
+        style = (
+            fill_colour(i),
+            LOCAL_STROKE if t.is_local else stroke_colour(i),
+            "4,2" if t.is_local else None,
+        )
+        tip = f"rank {dst}: box {t.box} {what} ({t.numel} elements)"
+        cls = "box local" if t.is_local else "box"
+        w, h = self.drawing.box(self.svg, t.box, origin, style, tip, cls)
+        label = "kept" if t.is_local else f"r{t.src_rank}"
+        (a, _), (c, _) = _span(t.box, self.drawing.rdim), _span(t.box, self.drawing.cdim)
+        if w >= 6.5 * len(label) + 4 and h >= 13:
+            gx, gy = origin
+            scale = self.drawing.scale
+            self.svg.text(gx + c * scale + 3, gy + a * scale + 11, label, font_size=9, fill="#111")
+
+    def legend(self, notes: Sequence[str]) -> list[tuple[str, Swatch | None]]:
+        """The notes, the first senders' colours, grey and local-copy swatches."""
+        entries: list[tuple[str, Swatch | None]] = [(n, None) for n in notes]
+        listed = sorted(self.senders)[:24]
+        colour = [self.src_index.get(r, 0) for r in listed]
+        entries += [
+            (f"sent by rank {r}", (fill_colour(i), stroke_colour(i), None))
+            for r, i in zip(listed, colour)
+        ]
+        if len(self.senders) > len(listed):
+            entries.append((f".. {len(self.senders) - len(listed)} more senders", None))
+        if self.many:
+            text = "grey: from too many senders to draw one by one"
+            entries.append((text, (GREY, GREY_STROKE, None)))
+        entries.append(
+            ("kept: a local copy (the rank already holds it)", ("white", LOCAL_STROKE, "4,2"))
+        )
+        return entries
 
 
 def receive_picture(
@@ -191,110 +393,26 @@ def receive_picture(
     if max_ranks < 1 or max_boxes < 1:
         raise ValueError(f"max_ranks and max_boxes must be >= 1, got {max_ranks}, {max_boxes}")
     shape = plan.dst_spec.global_shape
-    rdim, cdim = _drawn_dims(shape)
-    n_rows = shape[rdim] if rdim is not None else 1
-    n_cols = shape[cdim] if cdim is not None else 1
-    scale = min(panel / max(n_cols, 1), (panel if rdim is not None else 28) / max(n_rows, 1))
-    gw, gh = max(n_cols * scale, 1), max(n_rows * scale, 1)
-    src_index = {r: i for i, r in enumerate(plan.src_ranks)}
+    drawing = _TensorDrawing.of(shape, panel)
     shown = list(plan.dst_ranks[:max_ranks])
-    pw, ph = max(gw, 200) + 30, gh + 46
+    pw, ph = max(drawing.width, 200) + 30, drawing.height + 46
     per_row = max(1, int(900 // pw))
     head = title or f"boxes each destination rank receives, coloured by sender (tensor {shape})"
-    notes: list[str] = []
-    if rdim is None and cdim is None:
-        notes.append("0-d tensor: nothing to draw")
-    elif len(shape) > 2:
-        notes.append(f"dims 0 x 1 drawn; dims 2.. of shape {shape} are projected")
-    if len(plan.dst_ranks) > len(shown):
-        notes.append(f".. {len(plan.dst_ranks) - len(shown)} more destination ranks not drawn")
-    senders: dict[int, None] = {}
-    many = False
-    n_panels = len(shown) if cdim is not None else 0
-    grid_rows = -(-n_panels // per_row)
+    notes = _receive_notes(plan, drawing, len(shown))
+    src_index = {r: i for i, r in enumerate(plan.src_ranks)}
+    receives = _Receives(plan, drawing, max_boxes, src_index)
+    n_panels = len(shown) if drawing.cdim is not None else 0
     top = MARGIN + 26
-    body_h = grid_rows * ph
-    svg_parts = Svg(0, 0)
+    body_h = -(-n_panels // per_row) * ph
     for k, dst in enumerate(shown[:n_panels]):
-        x0 = MARGIN + (k % per_row) * pw
-        y0 = top + (k // per_row) * ph
-        recv = plan.receives(dst)
-        kept = plan.local_copies(dst)
-        n_recv = sum(t.numel for t in recv)
-        n_kept = sum(t.numel for t in kept)
-        svg_parts.text(x0, y0 + 12, f"rank {dst}: receives {n_recv}, keeps {n_kept}", font_size=10)
-        gx, gy = x0, y0 + 20
-        svg_parts.rect(gx, gy, gw, gh, f"tensor {shape}", fill="#f3f3f3", stroke="#999")
-        boxes = kept + recv
-        if len(boxes) > max_boxes:
-            # too many to tell apart: the rank's piece in grey, its local copies on top
-            many = True
-            note = f"{len(recv)} boxes, {len({t.src_rank for t in recv})} senders"
-            for rb in run_boxes(plan.dst_spec, dst):
-                _box(
-                    svg_parts,
-                    rb.box,
-                    rdim,
-                    cdim,
-                    gx,
-                    gy,
-                    scale,
-                    GREY,
-                    GREY_STROKE,
-                    None,
-                    f"rank {dst}: {note} (too many to draw)",
-                    "box many",
-                )
-            boxes = kept
-            svg_parts.text(gx, gy + gh + 12, note + " (grey)", font_size=9, fill="#555")
-        for t in boxes:
-            i = src_index.get(t.src_rank, 0)
-            if not t.is_local:
-                senders.setdefault(t.src_rank)
-            what = "kept (local copy)" if t.is_local else f"from rank {t.src_rank}"
-            w, h = _box(
-                svg_parts,
-                t.box,
-                rdim,
-                cdim,
-                gx,
-                gy,
-                scale,
-                fill_colour(i),
-                LOCAL_STROKE if t.is_local else stroke_colour(i),
-                "4,2" if t.is_local else None,
-                f"rank {dst}: box {t.box} {what} ({t.numel} elements)",
-                "box local" if t.is_local else "box",
-            )
-            label = "kept" if t.is_local else f"r{t.src_rank}"
-            (a, _), (c, _) = _span(t.box, rdim), _span(t.box, cdim)
-            if w >= 6.5 * len(label) + 4 and h >= 13:
-                svg_parts.text(
-                    gx + c * scale + 3, gy + a * scale + 11, label, font_size=9, fill="#111"
-                )
-    entries: list[tuple[str, Swatch | None]] = [(n, None) for n in notes]
-    listed = sorted(senders)[:24]
-    entries += [
-        (
-            f"sent by rank {r}",
-            (fill_colour(src_index.get(r, 0)), stroke_colour(src_index.get(r, 0)), None),
-        )
-        for r in listed
-    ]
-    if len(senders) > len(listed):
-        entries.append((f".. {len(senders) - len(listed)} more senders", None))
-    if many:
-        text = "grey: from too many senders to draw one by one"
-        entries.append((text, (GREY, GREY_STROKE, None)))
-    entries.append(
-        ("kept: a local copy (the rank already holds it)", ("white", LOCAL_STROKE, "4,2"))
-    )
+        receives.panel(dst, MARGIN + (k % per_row) * pw, top + (k // per_row) * ph)
+    entries = receives.legend(notes)
     width = max(MARGIN * 2 + min(n_panels, per_row) * pw, 8.2 * len(head) + 2 * MARGIN, 420)
     height = top + body_h + 10 + LINE_H * len(entries) + MARGIN
     svg = Svg(width, height)
     svg.parts.append("<style>rect.box:hover{stroke:#000;stroke-width:2}</style>")
     svg.text(MARGIN, MARGIN + 8, head, font_size=13, font_weight="bold")
-    svg.parts.extend(svg_parts.parts)
+    svg.parts.extend(receives.svg.parts)
     end = svg.legend(MARGIN, top + body_h + 14, entries, LINE_H)
     svg.height = end - LINE_H + MARGIN
     return svg
@@ -302,39 +420,6 @@ def receive_picture(
 
 def _span(box: tuple[tuple[int, int], ...], dim: int | None) -> tuple[int, int]:
     return box[dim] if dim is not None else (0, 1)
-
-
-def _box(
-    svg: Svg,
-    box: tuple[tuple[int, int], ...],
-    rdim: int | None,
-    cdim: int | None,
-    gx: float,
-    gy: float,
-    scale: float,
-    fill: str,
-    stroke: str,
-    dash: str | None,
-    tip: str,
-    cls: str,
-) -> tuple[float, float]:
-    """Draw ``box`` (projected on the drawn dims) in a panel; returns its drawn (w, h)."""
-    a, b = _span(box, rdim)
-    c, d = _span(box, cdim)
-    w, h = (d - c) * scale, (b - a) * scale
-    svg.rect(
-        gx + c * scale,
-        gy + a * scale,
-        max(w, 0.5),
-        max(h, 0.5),
-        tip,
-        fill=fill,
-        stroke=stroke,
-        stroke_width=1.5 if dash else 0.8,
-        stroke_dasharray=dash,
-        class_=cls,
-    )
-    return w, h
 
 
 def reshard_picture(plan: ReshardPlan, **options: Any) -> Svg:
