@@ -126,6 +126,7 @@ def reshard(
             "reshard needs an initialised default process group: launch with torchrun "
             "(or call torch.distributed.init_process_group) first"
         )
+    _fresh_world()
     me = dist.get_rank()
     sched = _schedule(src_spec, dst_spec, me)
     source: torch.Tensor | None = None
@@ -388,6 +389,16 @@ def _block_start(shape: tuple[int, ...], box: Slices) -> int | None:
 _CHECKED: dict[str, str] = {}
 # Per union: dtype exchanges this process has taken part in (the store key's index).
 _EXCHANGES: dict[str, int] = {}
+# The default group both tables belong to: a new one (and its store) starts afresh.
+_WORLD: list[object] = [None]
+
+
+def _fresh_world() -> None:
+    world = dist.group.WORLD
+    if world is not _WORLD[0]:
+        _CHECKED.clear()
+        _EXCHANGES.clear()
+        _WORLD[0] = world
 
 
 def _dtype_text(t: torch.Tensor) -> str:
