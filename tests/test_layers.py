@@ -29,6 +29,7 @@ LAYERS = {
     "cli": 4,
     "cli_args": 4,
     "cli_checkpoint": 4,
+    "cli_plan": 4,
     "cli_reshard": 4,
     "demo": 4,
     "torch": 4,

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from . import cli_checkpoint, cli_reshard, render
+from . import cli_checkpoint, cli_plan, cli_reshard, render
 from .cli_args import (
     ArgError,
     build_mesh,
@@ -34,7 +34,6 @@ from .cli_args import (
     user_input,
 )
 from .mesh import Mesh
-from .parallel_dims import VIEWS, ParallelDims
 from .sharding import Placement, ShardingSpec
 
 __all__ = ["COMMANDS", "Command", "main"]
@@ -129,163 +128,6 @@ def json_text(value: Any, indent: str = "") -> str:
 
 def _emit(args: argparse.Namespace, report: dict[str, Any], text: str) -> None:
     print(json_text(report) if args.format == "json" else text)
-
-
-# ---------------------------------------------------------------------- plan
-_PLAN_EPILOG = """\
-examples:
-  meshlayout plan --world 64 --pp 2 --cp 2 --tp 4 --ep 4
-  meshlayout plan --world 64 --pp 2 --cp 2 --tp 4 --ep 4 --ranks-per-host 8 --rank 13
-  meshlayout plan --world 4096 --pp 4 --dp-replicate 2 --cp 2 --tp 8 --ep 8 --view tp,fsdp --svg plan.svg
-  meshlayout plan --world 16 --dp-shard 4 --tp 4 --order tp,pp,dp_replicate,dp_shard,cp --format json
-  meshlayout plan --world 64 --pp 2 --tp 8 --ep 8 --html plan.html
-
-views: """ + ", ".join(VIEWS)
-
-
-def _plan_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--world", type=_positive, required=True, help="number of ranks")
-    p.add_argument("--pp", type=_positive, default=1, help="pipeline stages")
-    p.add_argument("--dp-replicate", type=_positive, default=1, help="HSDP replicas")
-    p.add_argument(
-        "--dp-shard",
-        type=int_arg(minimum=-1),
-        default=-1,
-        help="FSDP degree; -1 (default): inferred",
-    )
-    p.add_argument("--cp", type=_positive, default=1, help="context parallel")
-    p.add_argument("--tp", type=_positive, default=1, help="tensor parallel")
-    p.add_argument("--ep", type=_positive, default=1, help="expert parallel")
-    p.add_argument("--etp", type=_positive, default=1, help="expert tensor parallel")
-    p.add_argument(
-        "--order",
-        help="placement of the dense dims in rank space, outermost first "
-        "(default pp,dp_replicate,dp_shard,cp,tp: tp on consecutive ranks)",
-    )
-    p.add_argument(
-        "--ranks-per-host",
-        type=_positive,
-        metavar="N",
-        help="ranks [k*N, (k+1)*N) form host k; mark groups that cross hosts",
-    )
-    p.add_argument(
-        "--rank", type=_rank_arg, help="show this rank's coordinate and group in every view"
-    )
-    p.add_argument(
-        "--view",
-        action="append",
-        metavar="VIEWS",
-        help="only these views (comma-separated, repeatable); pictures draw them in order",
-    )
-    p.add_argument(
-        "--all-groups", action="store_true", help="text: list every group (no abridging)"
-    )
-    _add_output(p)
-
-
-_DEGREE_FLAGS = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
-
-
-def _plan_dims(args: argparse.Namespace) -> ParallelDims:
-    """The user's ParallelDims; its errors name the flags that were given."""
-    if args.dp_shard == 0:
-        raise ArgError("--dp-shard: must be >= 1 or -1 (inferred), got 0")
-    degrees = {k: getattr(args, k) for k in _DEGREE_FLAGS}
-    given = [f"--world {args.world}"]
-    given += [
-        f"--{k.replace('_', '-')} {v}"
-        for k, v in degrees.items()
-        if v != (-1 if k == "dp_shard" else 1)
-    ]
-    if args.order is not None:
-        given.append(f"--order {shown(args.order)}")
-    with user_input(" ".join(given)):
-        return ParallelDims(args.world, **degrees, order=args.order)
-
-
-def _plan_views(args: argparse.Namespace) -> list[str] | None:
-    if not args.view:
-        return None
-    names = [n for v in args.view for n in parse_names(v, "--view")]
-    for n in names:
-        if n not in VIEWS:
-            raise ArgError(f"--view: unknown view {n!r}; valid views are {', '.join(VIEWS)}")
-    return list(dict.fromkeys(names))
-
-
-def _picture_views(pd: ParallelDims, chosen: list[str] | None) -> list[tuple[str, str]]:
-    """(view, note) to draw: the chosen ones, or every view with groups > 1, deduplicated."""
-    if chosen is not None:
-        return [(v, "") for v in chosen]
-    drawn: list[str] = []
-    same: dict[str, list[str]] = {}
-    for name in VIEWS:
-        mesh = pd.mesh(name)
-        if mesh.size() == 1:
-            continue
-        first = next((d for d in drawn if render.same_groups(pd.mesh(d), mesh)), None)
-        if first is None:
-            drawn.append(name)
-            same[name] = []
-        else:
-            same[first].append(name)
-    return [(n, f" (same groups: {', '.join(same[n])})" if same[n] else "") for n in drawn]
-
-
-def _plan_pictures(
-    pd: ParallelDims, args: argparse.Namespace, chosen: list[str] | None
-) -> list[tuple[str, render.Svg]]:
-    """(heading, picture) for every view to draw; each picture looks at every rank."""
-    views = _picture_views(pd, chosen)
-    render.check_size(pd.world_size * len(views), f"{len(views)} pictures of every rank", "ranks")
-    return [
-        (
-            f"{name}{note}",
-            render.mesh_picture(
-                pd.dense,
-                pd.mesh(name),
-                rank=args.rank,
-                view_name=name,
-                ranks_per_host=args.ranks_per_host,
-                title=f"{name}{note}: {VIEWS[name]}",
-            ),
-        )
-        for name, note in views
-    ]
-
-
-def _plan_run(args: argparse.Namespace) -> int:
-    if args.order is not None:  # a permutation of every rank, before anything else
-        with _too_large(f"--order {shown(args.order)}"):
-            render.check_size(args.world, f"--world {args.world}: the order permutes every rank")
-    pd = _plan_dims(args)
-    if args.rank is not None and args.rank not in pd.rank_map:
-        raise ArgError(f"--rank {args.rank} is outside the world of {args.world} ranks")
-    chosen = _plan_views(args)
-    complete = args.all_groups or args.format == "json"
-    flags = ["--format json"] if args.format == "json" else []
-    flags += ["--all-groups"] if args.all_groups else []
-    flags += [] if args.ranks_per_host is None else [f"--ranks-per-host {args.ranks_per_host}"]
-    with _too_large(" ".join(flags)):
-        report = render.plan_report(
-            pd,
-            views=chosen,
-            rank=args.rank,
-            ranks_per_host=args.ranks_per_host,
-            complete=complete,
-        )
-    text = render.plan_text(report, all_groups=args.all_groups)
-    if args.svg or args.html:
-        with _too_large(_picture_flags(args)):
-            pictures = _plan_pictures(pd, args, chosen)
-        if args.svg:
-            _write("--svg", args.svg, render.stack([p for _, p in pictures]).to_string())
-        if args.html:
-            sections = [render.Section("plan", text=text)]
-            sections += [render.Section(name, pictures=[p]) for name, p in pictures]
-            _write("--html", args.html, render.html_page(f"meshlayout plan: {pd!r}", sections))
-    _emit(args, report, text)
-    return 0
 
 
 # ---------------------------------------------------------------------- mesh
@@ -500,12 +342,7 @@ def _demo_run(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, Command] = {
-    "plan": Command(
-        "every view of a ParallelDims job: shapes, groups, hosts, one rank's place",
-        _plan_arguments,
-        _plan_run,
-        _PLAN_EPILOG,
-    ),
+    "plan": Command(cli_plan.HELP, cli_plan.add_arguments, cli_plan.run, cli_plan.EPILOG),
     "mesh": Command(
         "a Mesh from the command line: slice, flatten, unflatten, groups, a rank's place",
         _mesh_arguments,

@@ -328,6 +328,20 @@ class MegatronDims:
         """The one rank map every view shares: Megatron rank index -> global rank."""
         return self._rank_map
 
+    @property
+    def rank_order(self) -> tuple[str, ...]:
+        """The order's tokens outermost first: :attr:`full_order` reversed.
+
+        >>> MegatronDims(8, tp=2, order="tp-dp-pp").rank_order
+        ('cp', 'ep', 'pp', 'dp', 'tp')
+        """
+        return tuple(reversed(self._full_order))
+
+    @property
+    def view_purposes(self) -> dict[str, str]:
+        """What each view's groups are for (:data:`VIEWS`), for the views :meth:`views` returns."""
+        return {name: VIEWS[name] for name in self.views()}
+
     def enabled(self, name: str) -> bool:
         """True if the degree or view ``name`` has more than one rank per group.
 

@@ -187,6 +187,16 @@ class ParallelDims(TorchtitanAccessors):
         """The one rank map every view shares: position (canonical order) -> global rank."""
         return self._rank_map
 
+    @property
+    def rank_order(self) -> tuple[str, ...]:
+        """The dims in rank space, outermost first: :attr:`order` (a name MegatronDims shares)."""
+        return self._order
+
+    @property
+    def view_purposes(self) -> dict[str, str]:
+        """What each view's groups are for, in the order of :meth:`views` (:data:`VIEWS`)."""
+        return dict(VIEWS)
+
     def enabled(self, name: str) -> bool:
         """True if the degree or view ``name`` has more than one rank per group.
 

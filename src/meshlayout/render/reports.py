@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..mesh import Mesh
-from ..parallel_dims import VIEWS, ParallelDims
 from ..sharding import (
     Placement,
     Replicate,
@@ -41,6 +40,7 @@ __all__ = [
     "MESH_SCHEMA",
     "PLAN_SCHEMA",
     "SHARD_SCHEMA",
+    "PlanDims",
     "TooLargeError",
     "check_size",
     "mesh_report",
@@ -99,43 +99,82 @@ def same_groups(a: Mesh, b: Mesh) -> bool:
     return a.rank_map == b.rank_map and a.flatten("g") == b.flatten("g")
 
 
+class PlanDims(Protocol):
+    """What a plan report needs of a job's dims: :class:`~meshlayout.ParallelDims` and
+    :class:`~meshlayout.MegatronDims` both have it.
+
+    ``view_purposes`` names every view (in report order) and what its groups are
+    for; ``rank_order`` lists the dims in rank space, outermost first; ``dense``
+    is the root mesh the pictures draw every view on.
+    """
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def degrees(self) -> dict[str, int]: ...
+
+    @property
+    def rank_order(self) -> tuple[str, ...]: ...
+
+    @property
+    def view_purposes(self) -> dict[str, str]: ...
+
+    @property
+    def dense(self) -> Mesh: ...
+
+    def mesh(self, name_or_names: str | Sequence[str]) -> Mesh: ...
+
+
 def plan_report(
-    pd: ParallelDims,
+    dims: PlanDims,
     *,
     views: Sequence[str] | None = None,
     rank: int | None = None,
     ranks_per_host: int | None = None,
     complete: bool = True,
 ) -> dict[str, Any]:
-    """Every (or the chosen) view of ``pd``: shape, groups, host crossings, ``rank``'s place.
+    """Every (or the chosen) view of ``dims``: shape, groups, host crossings, ``rank``'s place.
 
+    ``dims`` is a :class:`~meshlayout.ParallelDims` or a
+    :class:`~meshlayout.MegatronDims` (anything :class:`PlanDims`).
     ``complete=False`` gives the sampled report :func:`plan_text` shows (any world
     size). Host counts need every group: :class:`TooLargeError` past LIST_LIMIT.
 
+    >>> from meshlayout import MegatronDims, ParallelDims
     >>> rep = plan_report(ParallelDims(16, tp=4), rank=5, ranks_per_host=8)
     >>> tp = rep["views"]["tp"]
     >>> tp["groups"][1], tp["rank"]["group_index"], tp["hosts_spanned"], tp["same_groups_as"]
     ([4, 5, 6, 7], 1, 1, None)
+    >>> rep = plan_report(MegatronDims(8, tp=2, ep=2), views=["ep"])
+    >>> rep["kind"], rep["order"], rep["views"]["ep"]["groups"]
+    ('MegatronDims', ['pp', 'dp', 'ep', 'cp', 'tp'], [[0, 2], [1, 3], [4, 6], [5, 7]])
     """
-    world = pd.world_size
-    names = list(VIEWS) if views is None else list(views)
+    world = dims.world_size
+    purposes = dims.view_purposes
+    names = list(purposes) if views is None else list(views)
+    unknown = [n for n in names if n not in purposes]
+    if unknown:
+        raise KeyError(f"unknown views {unknown}; valid views are {list(purposes)}")
     if complete or ranks_per_host is not None:
         what = f"every group of {len(names)} views of {world} ranks"
         check_size(world * len(names), what, "numbers")
     out_views: dict[str, Any] = {}
     for name in names:
-        mesh = pd.mesh(name)
+        mesh = dims.mesh(name)
         entry = _view_entry(mesh, rank, ranks_per_host, complete)
-        entry["purpose"] = VIEWS[name]
+        entry["purpose"] = purposes[name]
         entry["same_groups_as"] = next(
-            (n for n in out_views if same_groups(pd.mesh(n), mesh)), None
+            (n for n in out_views if same_groups(dims.mesh(n), mesh)), None
         )
         out_views[name] = entry
     return {
         "schema": PLAN_SCHEMA,
+        "kind": type(dims).__name__,
+        "dims": repr(dims),
         "world_size": world,
-        "degrees": pd.degrees,
-        "order": list(pd.order),
+        "degrees": dims.degrees,
+        "order": list(dims.rank_order),
         "ranks_per_host": ranks_per_host,
         "num_hosts": None if ranks_per_host is None else -(-world // ranks_per_host),
         "rank": rank,

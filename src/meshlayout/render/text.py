@@ -101,20 +101,39 @@ def _plan_rank(report: dict[str, Any]) -> list[str]:
     return [f"rank {report['rank']}:", table(rows, indent="  ")]
 
 
+def _parallel_dims_header(report: dict[str, Any]) -> list[str]:
+    d = report["degrees"]
+    degs = ", ".join(f"{k}={v}" for k, v in d.items() if k != "efsdp")
+    return [
+        f"ParallelDims({report['world_size']}, {degs})  ->  efsdp={d['efsdp']}",
+        f"order {' > '.join(report['order'])} (outermost first)",
+    ]
+
+
+def _megatron_header(report: dict[str, Any]) -> list[str]:
+    return [
+        f"{report['dims']}  ->  edp={report['degrees']['edp']}",
+        f"order {'-'.join(reversed(report['order']))} (innermost first)",
+    ]
+
+
+#: The first two lines of a plan, by the ``kind`` of dims (their own order convention).
+_PLAN_HEADERS = {"ParallelDims": _parallel_dims_header, "MegatronDims": _megatron_header}
+
+
 def plan_text(report: dict[str, Any], *, all_groups: bool = False) -> str:
     """The ``plan`` report as text: a view table, each view's groups, ``rank``'s place.
 
     Takes a complete or a sampled report (:func:`~meshlayout.render.plan_report`);
-    ``all_groups`` needs a complete one.
+    ``all_groups`` needs a complete one. The header names the dims and their
+    order the way their class spells it: ParallelDims outermost first,
+    MegatronDims as Megatron's order string, innermost first.
     """
-    d = report["degrees"]
-    degs = ", ".join(f"{k}={v}" for k, v in d.items() if k != "efsdp")
-    lines = [f"ParallelDims({report['world_size']}, {degs})  ->  efsdp={d['efsdp']}"]
-    where = f"order {' > '.join(report['order'])} (outermost first)"
+    lines = _PLAN_HEADERS[report.get("kind", "ParallelDims")](report)
     rph = report["ranks_per_host"]
     if rph is not None:
-        where += f"; {rph} ranks per host, {report['num_hosts']} hosts"
-    lines += [where, "", _plan_table(report), ""]
+        lines[-1] += f"; {rph} ranks per host, {report['num_hosts']} hosts"
+    lines += ["", _plan_table(report), ""]
     lines += _plan_groups(report, all_groups)
     if report["rank"] is not None:
         lines += ["", *_plan_rank(report)]
