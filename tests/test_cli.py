@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -12,9 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from megatron_grid_reference import token_groups
+from megatron_reference import config, megatron_available, run_reference
 from mesh_reference import ModelMesh
+from meshlayout import MegatronDims
 from meshlayout.cli import COMMANDS, main
 from meshlayout.cli_args import ArgError, parse_placements
+from meshlayout.megatron import MEGATRON_VIEWS
+from meshlayout.megatron import VIEWS as MEGATRON_PURPOSES
 from meshlayout.sharding import Partial, Replicate, Shard, StridedShard
 from parallel_dims_reference import DENSE, VIEW_DIMS
 from report_reference import hosts_touched, view_groups, view_rank
@@ -564,3 +571,207 @@ def test_limit_both_sides(
     monkeypatch.setattr(reports, "LIST_LIMIT", limit - 1)
     code, out, err = run(argv, capsys)
     assert code == 2 and out == "" and "limit" in err and len(err.strip().splitlines()) == 1, err
+
+
+# ---------------------------------------------------------------------- plan --megatron-order
+MEGATRON = ["plan", "--world", "32", "--tp", "2", "--cp", "2", "--pp", "2", "--ep", "4"]
+MEGATRON += ["--etp", "1", "--megatron-order", "tp-cp-ep-dp-pp"]
+#: (world, tp, cp, pp, ep, etp or None, order): default and non-default orders, left-out
+#: dims, pp not last, expert dims striding over dense ones.
+MEGATRON_CONFIGS = [
+    (32, 2, 2, 2, 4, 1, "tp-cp-ep-dp-pp"),
+    (16, 2, 1, 2, 4, 1, "tp-ep-dp-pp"),
+    (32, 2, 2, 2, 2, None, "tp-pp-cp-ep-dp"),
+    (32, 2, 2, 2, 1, 4, "tp-cp-pp-ep-dp"),
+    (16, 2, 2, 1, 2, 1, "cp-tp-ep-dp"),
+    (8, 2, 1, 2, 1, None, "tp-dp-pp"),
+    (24, 2, 1, 3, 2, 1, "ep-tp-dp-pp"),
+    (16, 1, 2, 1, 4, 2, "dp-ep-tp-cp-pp"),
+]
+#: Megatron's distributed-optimizer splits: the same groups, created in another order.
+SPLIT_VIEWS = ("intra_dp_cp", "intra_edp", "inter_edp")
+
+
+def _megatron_argv(cfg: tuple[int, int, int, int, int, int | None, str]) -> list[str]:
+    world, tp, cp, pp, ep, etp, order = cfg
+    argv = ["plan", "--world", str(world), "--tp", str(tp), "--cp", str(cp), "--pp", str(pp)]
+    argv += ["--ep", str(ep), "--megatron-order", order]
+    return argv + ([] if etp is None else ["--etp", str(etp)])
+
+
+def test_plan_megatron_text(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run([*MEGATRON, "--ranks-per-host", "8", "--rank", "5"], capsys)
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0] == "MegatronDims(32, tp=2, cp=2, dp=4, pp=2, ep=4, etp=1)  ->  edp=4"
+    assert lines[1] == "order tp-cp-ep-dp-pp (innermost first); 8 ranks per host, 4 hosts"
+    assert lines[3].split()[:5] == ["view", "shape", "size", "groups", "hosts"]
+    rows = lines[4 : 4 + len(MEGATRON_PURPOSES)]
+    assert [r.split()[0] for r in rows] == list(MEGATRON_PURPOSES)
+    assert all(r.endswith(MEGATRON_PURPOSES[r.split()[0]]) for r in rows)
+    # rank 5's groups, as docs/megatron.md gives them (checked there against Megatron-Core)
+    mine = {ln.split()[0]: ln for ln in out.split("\nrank 5:\n")[1].splitlines()[1:]}
+    assert mine["dp"].endswith("[1, 5, 9, 13] *") and mine["ep"].endswith("[4, 5, 6, 7]")
+    assert mine["dp_cp"].endswith("[1, 3, 5, 7, 9, 11, 13, 15] *")
+    assert mine["tp_ep_pp"].endswith("[4, 5, 6, 7, 20, 21, 22, 23] *")
+    assert "  ep: 8 groups of 4: the same groups as tp_cp" in out
+    assert "ParallelDims" not in out and "efsdp" not in out
+
+
+@pytest.mark.parametrize("cfg", MEGATRON_CONFIGS, ids=[c[-1] for c in MEGATRON_CONFIGS])
+def test_plan_megatron_json_is_megatrons_grid(
+    cfg: tuple[int, int, int, int, int, int | None, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every token view against Megatron's rank rule by brute force; all against MegatronDims."""
+    world, tp, cp, pp, ep, etp, order = cfg
+    rank = world - 3
+    rep = run_json([*_megatron_argv(cfg), "--rank", str(rank), "--ranks-per-host", "4"], capsys)
+    md = MegatronDims(world, tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, order=order)
+    assert (rep["kind"], rep["dims"], rep["world_size"]) == ("MegatronDims", repr(md), world)
+    assert rep["degrees"]["etp"] == (tp if etp is None else etp)  # Megatron's default: tp
+    assert rep["degrees"]["dp"] * tp * cp * pp == world
+    assert "-".join(reversed(rep["order"])).startswith(order)  # the full order, innermost first
+    assert list(rep["views"]) == list(md.views())
+    innermost_first = list(reversed(rep["order"]))
+    for name, v in rep["views"].items():
+        groups, spec = v["groups"], MEGATRON_VIEWS[name]
+        ours = md.groups(name).tolist()
+        assert groups == (sorted(ours) if name in SPLIT_VIEWS else ours), name
+        if spec.token:
+            assert groups == token_groups(
+                world, rep["degrees"], innermost_first, spec.grid, spec.token
+            )
+        assert sorted(r for g in groups for r in g) == list(range(world))
+        assert v["hosts_spanned"] == max(len({r // 4 for r in g}) for g in groups)
+        me = v["rank"]
+        assert groups[me["group_index"]] == me["group"] and rank in me["group"]
+
+
+@pytest.mark.skipif(
+    not megatron_available(),
+    reason="megatron-core is not installed (the megatron extra)",
+)
+def test_plan_megatron_groups_are_megatron_cores(capsys: pytest.CaptureFixture[str]) -> None:
+    """The command's groups, for every config above, against Megatron-Core's own groups."""
+    cfgs = [config(w, tp, cp, pp, ep, etp, o) for w, tp, cp, pp, ep, etp, o in MEGATRON_CONFIGS]
+    _, results = run_reference(sorted(cfgs, key=lambda c: c["world"]))
+    by_config = {
+        json.dumps(c, sort_keys=True): r
+        for c, r in zip(sorted(cfgs, key=lambda c: c["world"]), results)
+    }
+    reused = {  # Megatron reuses these groups when there is one optimizer instance
+        "intra_dp_cp": "DATA_PARALLEL_GROUP_WITH_CP",
+        "intra_edp": "EXPERT_DATA_PARALLEL_GROUP",
+    }
+    compared = 0
+    for cfg, c in zip(MEGATRON_CONFIGS, cfgs):
+        result = by_config[json.dumps(c, sort_keys=True)]
+        assert result["error"] is None, (cfg, result["error"])
+        theirs_by_desc: dict[str, list[list[int]]] = result["groups"]
+        rep = run_json(_megatron_argv(cfg), capsys)
+        for name, v in rep["views"].items():
+            desc = MEGATRON_VIEWS[name].group_desc
+            theirs = theirs_by_desc.get(desc) or theirs_by_desc.get(reused.get(name, ""))
+            if theirs is None:  # only the inter-instance split may be absent with one instance
+                assert name == "inter_edp" and v["group_size"] == 1, (cfg, name)
+                continue
+            want = sorted(theirs) if name in SPLIT_VIEWS else theirs
+            assert v["groups"] == want, (cfg, name)
+            compared += len(theirs)
+    assert compared > 500
+
+
+def test_plan_megatron_views_and_pictures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rep = run_json(
+        [*MEGATRON, "--view", "dp-cp,model_parallel,TP,dp_cp", "--view", "etp_ep"], capsys
+    )
+    assert list(rep["views"]) == ["dp_cp", "mp", "tp", "tp_ep"]  # spellings, deduplicated
+    svg, html = tmp_path / "m.svg", tmp_path / "m.html"
+    argv = [*MEGATRON, "--view", "ep,dp", "--rank", "5", "--svg", str(svg), "--html", str(html)]
+    code, out, _ = run(argv, capsys)
+    assert code == 0 and out.startswith("MegatronDims(32")
+    root = ET.parse(svg).getroot()
+    pictures = root.findall(f"{NS}svg")
+    assert len(pictures) == 2
+    heads = [next(p.iter(f"{NS}text")).text or "" for p in pictures]
+    assert heads == [
+        "ep: expert parallel: token dispatch / combine all-to-all",
+        "dp: data parallel: ranks that read different samples",
+    ]
+    page = html.read_text()
+    assert "meshlayout plan: MegatronDims(32, tp=2, cp=2, dp=4, pp=2, ep=4, etp=1)" in page
+    # by default: every view with groups > 1, views with the same groups drawn once
+    code, _, _ = run([*MEGATRON, "--svg", str(svg)], capsys)
+    heads = [
+        next(p.iter(f"{NS}text")).text or "" for p in ET.parse(svg).getroot().findall(f"{NS}svg")
+    ]
+    want = ["tp", "cp", "dp (same groups: edp, intra_edp)", "pp",
+            "dp_cp (same groups: intra_dp_cp)", "tp_cp (same groups: ep, tp_ep)"]  # fmt: skip
+    assert len(heads) == 11 and all(h.startswith(f"{w}: ") for h, w in zip(heads, want)), heads
+
+
+def test_plan_etp_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    """--etp: 1 for ParallelDims (torchtitan), the tp size with --megatron-order (Megatron)."""
+    base = ["plan", "--world", "16", "--tp", "4", "--ep", "2"]
+    assert run_json(base, capsys)["degrees"]["etp"] == 1
+    rep = run_json([*base, "--megatron-order", "tp-cp-ep-dp-pp"], capsys)
+    assert rep["degrees"]["etp"] == 4 and rep["degrees"]["edp"] == 2
+
+
+#: (argv after "plan", text the one-line error must contain)
+MEGATRON_BAD = [
+    (["--world", "16", "--tp", "2", "--cp", "2", "--megatron-order", "tp-dp-pp"],
+     "--world 16 --tp 2 --cp 2 --megatron-order 'tp-dp-pp': order 'tp-dp-pp' leaves out 'cp'"),
+    (["--world", "16", "--megatron-order", "tp-dp", "--dp-shard", "4"],
+     "--megatron-order 'tp-dp' cannot be combined with --dp-shard 4"),
+    (["--world", "16", "--megatron-order", "tp-dp", "--dp-replicate", "1"], "--dp-replicate 1"),
+    (["--world", "16", "--megatron-order", "tp-dp", "--order", "pp,tp"], "--order 'pp,tp'"),
+    (["--world", "16", "--megatron-order", "tp-xx"], "--megatron-order 'tp-xx': order 'tp-xx'"),
+    (["--world", "16", "--megatron-order", ""], "--megatron-order ''"),
+    (["--world", "16", "--megatron-order", "tp-tp"], "repeated ['tp']"),
+    (["--world", "16", "--tp", "3", "--megatron-order", "tp-dp"], "--world 16 --tp 3"),
+    (["--world", "16", "--ep", "2", "--etp", "3", "--megatron-order", "tp-dp"], "--etp 3"),
+    (["--world", "16", "--tp", "2", "--pp", "2", "--etp", "1", "--megatron-order", "tp-pp-dp"],
+     "--etp 1 --megatron-order 'tp-pp-dp': order 'tp-pp-dp' does not end with pp"),
+    (["--world", "16", "--megatron-order", "tp-dp", "--view", "fsdp"],
+     "--view: unknown view 'fsdp'; valid views are tp, cp, dp"),
+    (["--world", "16", "--view", "dp_cp"], "--view: unknown view 'dp_cp'"),  # not ParallelDims'
+    (["--world", "16", "--megatron-order", "tp-dp", "--rank", "16"], "--rank 16"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv,names", MEGATRON_BAD, ids=[" ".join(a)[-40:] for a, _ in MEGATRON_BAD]
+)
+def test_plan_megatron_errors_one_line_exit_2(
+    argv: list[str], names: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(["plan", *argv], capsys)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("meshlayout plan: error: "), err
+    assert names in lines[0], lines[0]
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def _doc_plan_commands(page: str) -> list[tuple[list[str], str]]:
+    """Every ``$ meshlayout plan ... --megatron-order ...`` block of a docs page, with its output."""
+    text = (DOCS / page).read_text(encoding="utf-8")
+    blocks = re.findall(r"```text\n\$ meshlayout (plan .*?)\n(.*?)```", text, re.S)
+    return [(shlex.split(cmd), out) for cmd, out in blocks if "--megatron-order" in cmd]
+
+
+@pytest.mark.parametrize("page", ["cli.md", "megatron.md"])
+def test_docs_megatron_plan_output_is_what_the_command_prints(
+    page: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    commands = _doc_plan_commands(page)
+    assert len(commands) == 1
+    for argv, want in commands:
+        code, out, err = run(argv, capsys)
+        assert code == 0 and err == ""
+        assert out == want

@@ -24,8 +24,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from megatron_grid_reference import token_groups
 from meshlayout.cli import main
 from meshlayout.cli_args import parse_placements
+from meshlayout.megatron import ALIASES, MEGATRON_VIEWS, ORDER_TOKENS
 from parallel_dims_reference import VIEW_DIMS
 from report_reference import view_groups
 from sharding_reference import reference_indices
@@ -116,7 +118,53 @@ def stray(draw: st.DrawFn, argv: list[str]) -> list[str]:
 
 
 @st.composite
+def megatron_plan_argv(draw: st.DrawFn, tmp: Path) -> list[str]:
+    """``plan --megatron-order``: Megatron's sizes and order strings, now and then refused ones."""
+    sizes = {n: draw(st.sampled_from([1, 1, 2, 2, 3, 4])) for n in ("tp", "cp", "pp", "dp")}
+    world = math.prod(sizes.values())
+    expert_region = world // sizes["pp"]  # etp * ep * edp
+    sizes["ep"] = draw(st.sampled_from([d for d in (1, 2, 4) if expert_region % d == 0]))
+    etps = [d for d in (1, 2, 4) if expert_region // sizes["ep"] % d == 0]
+    etp = draw(st.sampled_from([None, *etps, 3]))  # 3: mostly not dividing (refused)
+    argv = ["plan"]
+    add(draw, argv, "--world", hostile_or(draw, str(world)))
+    for n in ("tp", "cp", "pp", "ep"):
+        if sizes[n] != 1 or draw(st.integers(0, 4)) == 4:
+            add(draw, argv, f"--{n}", hostile_or(draw, str(sizes[n])))
+    if etp is not None:
+        add(draw, argv, "--etp", hostile_or(draw, str(etp)))
+    # name every dim of size > 1 on either grid (now and then not: refused), others maybe
+    etp_size = sizes["tp"] if etp is None else etp
+    edp = expert_region // max(sizes["ep"] * etp_size, 1)
+    big = {"tp": max(sizes["tp"], etp_size), "dp": max(sizes["dp"], edp)}
+    kept = [
+        t
+        for t in draw(st.permutations(ORDER_TOKENS))
+        if big.get(t, sizes.get(t, 1)) > 1 or draw(st.integers(0, 2)) > 0
+    ]
+    if kept and draw(st.integers(0, 9)) == 0:
+        kept.pop(draw(st.integers(0, len(kept) - 1)))
+    add(draw, argv, "--megatron-order", hostile_or(draw, "-".join(kept)))
+    if draw(st.integers(0, 9)) == 0:  # ParallelDims' own flags: refused
+        flag = draw(st.sampled_from(["--dp-shard", "--dp-replicate", "--order"]))
+        add(draw, argv, flag, "pp,tp" if flag == "--order" else "2")
+    if draw(st.booleans()):
+        add(draw, argv, "--rank", hostile_or(draw, str(draw(st.integers(0, world)))))
+    if draw(st.integers(0, 2)) == 0:
+        add(draw, argv, "--ranks-per-host", str(draw(st.sampled_from([1, 2, 4, 8]))))
+    if draw(st.integers(0, 2)) == 0:
+        names = [*MEGATRON_VIEWS, *ALIASES, "dp-cp", "tp-ep-pp", "fsdp"]
+        views = draw(st.lists(st.sampled_from(names), min_size=1, max_size=3))
+        add(draw, argv, "--view", hostile_or(draw, ",".join(views)))
+    if draw(st.integers(0, 4)) == 0:
+        argv.append("--all-groups")
+    return draw(stray(argv + draw(outputs(tmp))))
+
+
+@st.composite
 def plan_argv(draw: st.DrawFn, tmp: Path) -> list[str]:
+    if draw(st.integers(0, 3)) == 0:
+        return draw(megatron_plan_argv(tmp))
     degrees = {
         n: draw(st.sampled_from([1, 1, 2, 2, 3, 4]))
         for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -251,12 +299,17 @@ def check(argv: list[str]) -> None:
 
 def check_plan(rep: dict[str, Any]) -> None:
     world, degrees, order = rep["world_size"], rep["degrees"], rep["order"]
+    megatron = rep["kind"] == "MegatronDims"
     for name, v in rep["views"].items():
         groups = v["groups"]
         assert len(groups) == v["num_groups"] and {len(g) for g in groups} == {v["group_size"]}
         assert sorted(r for g in groups for r in g) == list(range(world))  # a partition
-        if world <= 512:
+        if world <= 512 and not megatron:
             assert groups == view_groups(world, degrees, order, None, name)
+        elif world <= 512 and MEGATRON_VIEWS[name].token:  # Megatron's get_ranks(token)
+            spec = MEGATRON_VIEWS[name]
+            want = token_groups(world, degrees, order[::-1], spec.grid, spec.token)
+            assert groups == want, name
         me = v["rank"]
         if me is not None:
             assert groups[me["group_index"]] == me["group"] and rep["rank"] in me["group"]
@@ -334,7 +387,9 @@ def test_hostile_value_for_every_flag(command: str, tmp: Path) -> None:
             "--dp-shard",
             "--tp",
             "--ep",
+            "--etp",
             "--order",
+            "--megatron-order",
             "--rank",
             "--ranks-per-host",
             "--view",
