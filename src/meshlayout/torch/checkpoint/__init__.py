@@ -20,7 +20,9 @@ Usage (every rank)::
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch.distributed as dist
@@ -85,6 +87,18 @@ def _plain_error(exc: BaseException) -> BaseException:
     return kind(f"ranks {sorted(failures)}: {inner[0]}")
 
 
+@contextlib.contextmanager
+def _plain_errors() -> Iterator[None]:
+    """Re-raise DCP's CheckpointException of input errors as :func:`_plain_error` says."""
+    try:
+        yield
+    except BaseException as exc:
+        plain = _plain_error(exc)
+        if plain is exc:
+            raise
+        raise plain from exc
+
+
 def save(
     state_dict: dict[str, Any],
     checkpoint_id: CheckpointId | None = None,
@@ -103,7 +117,7 @@ def save(
     other failures propagate as DCP raises them.
     """
     _check_args(state_dict, checkpoint_id, storage_writer, "save")
-    try:
+    with _plain_errors():
         metadata: Metadata = dcp_save(
             state_dict,
             checkpoint_id=checkpoint_id,
@@ -112,11 +126,6 @@ def save(
             process_group=process_group,
             no_dist=_no_dist(no_dist),
         )
-    except BaseException as exc:
-        plain = _plain_error(exc)
-        if plain is exc:
-            raise
-        raise plain from exc
     return metadata
 
 
@@ -138,7 +147,7 @@ def load(
     naming the tensor and box, as do other input errors.
     """
     _check_args(state_dict, checkpoint_id, storage_reader, "load")
-    try:
+    with _plain_errors():
         dcp_load(
             state_dict,
             checkpoint_id=checkpoint_id,
@@ -147,8 +156,3 @@ def load(
             process_group=process_group,
             no_dist=_no_dist(no_dist),
         )
-    except BaseException as exc:
-        plain = _plain_error(exc)
-        if plain is exc:
-            raise
-        raise plain from exc
