@@ -32,6 +32,7 @@ LAYERS = {
     "cli_plan": 4,
     "cli_reshard": 4,
     "demo": 4,
+    "demo_checkpoint": 4,
     "torch": 4,
 }
 PURE_LAYERS = 3  # layers 1..3 must not import torch at module level

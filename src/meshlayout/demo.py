@@ -17,7 +17,10 @@ The demo is the end-to-end check a user runs first:
    (one all-gather, reassembled from our sharding spec) equals both torch's
    ``DTensor.full_tensor()`` and the single-process parameters. With ``tp=1``
    (odd ``nproc``) the parameters are sharded by FSDP alone, over the 1-D
-   ``fsdp`` mesh, unevenly when ``nproc`` does not divide their rows.
+   ``fsdp`` mesh, unevenly when ``nproc`` does not divide their rows;
+5. save a checkpoint of the trained model with our exact DCP planners and with plain
+   DCP, reload it into another configuration and into plain tensors, and compare
+   plain DCP with ours on a layer torch 2.13 gets wrong (:mod:`.demo_checkpoint`).
 
 It returns 0 if every check passes, 1 otherwise. torch is imported lazily so
 that ``meshlayout --help`` stays fast and torch-free.
@@ -31,6 +34,7 @@ import os
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -38,7 +42,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import IO, Any
 
-from . import render
+from . import demo_checkpoint, render
 from .parallel_dims import ParallelDims
 
 __all__ = ["DemoConfig", "demo_parallel_dims", "run_demo"]
@@ -180,12 +184,15 @@ def _worker_main(spec: str) -> int:
     os.dup2(2, 1)
     cfg = DemoConfig(nproc=args["nproc"], steps=args["steps"], timeout=args["timeout"])
     with channel:
-        _worker(args["rank"], cfg, args["port"], _EventWriter(channel))
+        _worker(args["rank"], cfg, args["port"], _EventWriter(channel), args["checkpoint_dir"])
     return 0
 
 
-def _worker(rank: int, cfg: DemoConfig, port: int, events: Any) -> None:
-    """Body of one process: build meshes, train, check, report through ``events``."""
+def _worker(rank: int, cfg: DemoConfig, port: int, events: Any, checkpoint_dir: str = "") -> None:
+    """Body of one process: build meshes, train, check, checkpoint, report through ``events``.
+
+    With ``checkpoint_dir``, also run :func:`demo_checkpoint.worker_phase` there.
+    """
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
@@ -258,6 +265,10 @@ def _worker(rank: int, cfg: DemoConfig, port: int, events: Any) -> None:
             }
         if rank == 0:
             events.put(("params", checks))
+        if checkpoint_dir:
+            summary = demo_checkpoint.worker_phase(model, built, pd, checkpoint_dir, _make_model)
+            if rank == 0:
+                events.put(("checkpoint", summary))
         dist.barrier()
         dist.destroy_process_group()
         events.put(("done", rank))
@@ -294,7 +305,7 @@ class _Workers:
     kept for the error report.
     """
 
-    def __init__(self, cfg: DemoConfig, port: int) -> None:
+    def __init__(self, cfg: DemoConfig, port: int, checkpoint_dir: str = "") -> None:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ)
         env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # read when torch's C++ side loads
@@ -304,7 +315,7 @@ class _Workers:
         self._threads: list[threading.Thread] = []
         for rank in range(cfg.nproc):
             spec: dict[str, Any] = {"rank": rank, "port": port, "timeout": cfg.timeout}
-            spec.update(nproc=cfg.nproc, steps=cfg.steps)
+            spec.update(nproc=cfg.nproc, steps=cfg.steps, checkpoint_dir=checkpoint_dir)
             proc = subprocess.Popen(
                 [sys.executable, "-c", _WORKER_CODE, root, json.dumps(spec)],
                 stdin=subprocess.DEVNULL,
@@ -389,11 +400,13 @@ def run_demo(cfg: DemoConfig | None = None, out: IO[str] | None = None) -> int:
         file=out,
         flush=True,
     )
-    workers = _Workers(cfg, store.port)
+    scratch = tempfile.TemporaryDirectory(prefix="meshlayout-demo-")  # checkpoints; removed below
+    workers = _Workers(cfg, store.port, scratch.name)
     ref_losses, ref_params = _reference(cfg.steps)
 
     losses: dict[int, float] = {}
     params: dict[str, Any] = {}
+    checkpoint: dict[str, Any] | None = None
     errors: list[str] = []
     ready: set[int] = set()
     done: set[int] = set()
@@ -432,6 +445,8 @@ def run_demo(cfg: DemoConfig | None = None, out: IO[str] | None = None) -> int:
             )
         elif kind == "params":
             params = event[1]
+        elif kind == "checkpoint":
+            checkpoint = event[1]
         elif kind == "done":
             done.add(event[1])
         elif kind == "error":
@@ -471,5 +486,9 @@ def run_demo(cfg: DemoConfig | None = None, out: IO[str] | None = None) -> int:
                 f"torch {torch_n}",
                 file=out,
             )
+    if not errors:
+        print(file=out)
+        ok &= demo_checkpoint.report(checkpoint, scratch.name, ref_params, PARAM_TOLERANCE, out)
+    scratch.cleanup()
     print(f"demo {'passed' if ok else 'FAILED'} in {time.perf_counter() - started:.1f} s", file=out)
     return 0 if ok else 1
