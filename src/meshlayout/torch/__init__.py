@@ -11,12 +11,13 @@ from __future__ import annotations
 from . import _requirements  # noqa: F401  (first: explains a missing or old torch)
 from ._errors import MeshMismatchError, RankTimeoutError
 from ._mesh import DistributedMesh, init_mesh, mesh_fingerprint
-from ._parallel import ParallelMeshes, build, build_parallel_dims
+from ._parallel import HostLayoutWarning, ParallelMeshes, build, build_parallel_dims
 from ._reshard import reshard
 from ._tensor import distribute, full_tensor, redistribute
 
 __all__ = [
     "DistributedMesh",
+    "HostLayoutWarning",
     "MeshMismatchError",
     "ParallelMeshes",
     "RankTimeoutError",
