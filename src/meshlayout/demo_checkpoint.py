@@ -245,7 +245,6 @@ def _message(exc: BaseException) -> str:
 
 def _differences(got: Mapping[str, Any], want: Mapping[str, Any]) -> str:
     """``EXACT``, or which tensors of ``got`` differ from ``want`` and where (bitwise)."""
-
     bad = []
     for name, expect in want.items():
         value = got.get(name)
