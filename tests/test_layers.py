@@ -33,6 +33,7 @@ LAYERS = {
     "cli_reshard": 4,
     "demo": 4,
     "demo_checkpoint": 4,
+    "demo_train": 4,
     "torch": 4,
 }
 PURE_LAYERS = 3  # layers 1..3 must not import torch at module level

@@ -188,8 +188,13 @@ def _worker_main(spec: str) -> int:
     return 0
 
 
-def _worker(rank: int, cfg: DemoConfig, port: int, events: Any, checkpoint_dir: str = "") -> None:
+def _worker(
+    rank: int, cfg: DemoConfig, port: int | None, events: Any, checkpoint_dir: str = ""
+) -> None:
     """Body of one process: build meshes, train, check, checkpoint, report through ``events``.
+
+    ``port``: the parent's store (:func:`run_demo`); None when the caller has set up the
+    default process group already and keeps it (torchrun's workers, :mod:`.demo_train`).
 
     With ``checkpoint_dir``, also run :func:`demo_checkpoint.worker_phase` there.
     """
@@ -210,12 +215,17 @@ def _worker(rank: int, cfg: DemoConfig, port: int, events: Any, checkpoint_dir: 
     try:
         _quiet_torch()
         limit = timedelta(seconds=cfg.timeout)
-        store = _tcp_store()("127.0.0.1", port, cfg.nproc, is_master=False, timeout=limit)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=cfg.nproc, timeout=limit)
+        if port is not None:
+            store = _tcp_store()("127.0.0.1", port, cfg.nproc, is_master=False, timeout=limit)
+            dist.init_process_group(
+                "gloo", store=store, rank=rank, world_size=cfg.nproc, timeout=limit
+            )
         events.put(("ready", rank))
         _quiet_torch()  # again: process-group start-up re-reads torch's log settings
         pd = demo_parallel_dims(cfg.nproc)
         built = build(pd, "cpu")
+        if rank == 0:  # which groups cross hosts (hosts known under torchrun)
+            events.put(("hosts", built.host_report(["tp", "fsdp", "batch"])))
         batch = built.get("batch")
         model = _make_model()
         if pd.enabled("tp"):
@@ -270,7 +280,8 @@ def _worker(rank: int, cfg: DemoConfig, port: int, events: Any, checkpoint_dir: 
             if rank == 0:
                 events.put(("checkpoint", summary))
         dist.barrier()
-        dist.destroy_process_group()
+        if port is not None:
+            dist.destroy_process_group()
         events.put(("done", rank))
     except BaseException as exc:  # report, then let the parent fail the demo
         import traceback
@@ -284,6 +295,60 @@ def _worker(rank: int, cfg: DemoConfig, port: int, events: Any, checkpoint_dir: 
 def _progress(step: int, steps: int, width: int = 20) -> str:
     done = (step * width) // steps
     return "[" + "#" * done + "." * (width - done) + "]"
+
+
+def _loss_matches(value: float, ref: float) -> bool:
+    return abs(value - ref) <= LOSS_TOLERANCE * max(1.0, abs(ref))
+
+
+def _step_line(step: int, steps: int, value: float, ref: float) -> str:
+    """One training step's line: the distributed loss beside the single-process one."""
+    mark = "ok" if _loss_matches(value, ref) else "MISMATCH"
+    return (
+        f"step {step + 1:3d}/{steps} {_progress(step + 1, steps)} "
+        f"loss {value:.6f}  single-process {ref:.6f}  {mark}"
+    )
+
+
+def _check_training(
+    steps: int,
+    losses: dict[int, float],
+    params: dict[str, Any],
+    ref_losses: list[float],
+    ref_params: dict[str, Any],
+    out: IO[str],
+) -> bool:
+    """Print a PASS/FAIL line for the losses and for each parameter; True if all pass.
+
+    ``losses`` and ``params`` are what rank 0 reported (``"loss"`` and ``"params"``
+    events); the references are :func:`_reference`'s.
+    """
+    import torch
+
+    ok = len(losses) == steps and all(_loss_matches(losses[s], ref_losses[s]) for s in range(steps))
+    print(
+        f"{'PASS' if ok else 'FAIL'} losses match the single-process run "
+        f"({len(losses)}/{steps} steps, tolerance {LOSS_TOLERANCE:g})",
+        file=out,
+    )
+    for name, ref in ref_params.items():
+        info = params.get(name)
+        if info is None:
+            ok = False
+            print(f"FAIL {name}: no parameter reported", file=out)
+            continue
+        close = torch.allclose(torch.tensor(info["value"]), ref, atol=PARAM_TOLERANCE)
+        good = close and info["same_as_torch"]
+        ok &= good
+        ours_n, torch_n = info["collectives"]
+        print(
+            f"{'PASS' if good else 'FAIL'} full_tensor({name}) {tuple(ref.shape)} "
+            f"{info['placements']}: equals single-process: {close}, equals torch's "
+            f"DTensor.full_tensor(): {info['same_as_torch']}; collectives ours {ours_n}, "
+            f"torch {torch_n}",
+            file=out,
+        )
+    return ok
 
 
 #: The Python code a worker interpreter runs: ``sys.argv`` is [``-c``, package root, spec].
@@ -391,8 +456,6 @@ def run_demo(cfg: DemoConfig | None = None, out: IO[str] | None = None) -> int:
     print(render.plan_text(render.plan_report(pd, views=("tp", "fsdp", "batch"))), file=out)
     print(file=out)
 
-    import torch
-
     store = _tcp_store()("127.0.0.1", 0, cfg.nproc + 1, is_master=True, wait_for_workers=False)
     print(
         f"== training a {IN_FEATURES}->{HIDDEN}->{OUT_FEATURES} MLP with "
@@ -435,14 +498,7 @@ def run_demo(cfg: DemoConfig | None = None, out: IO[str] | None = None) -> int:
         elif kind == "loss":
             _, step, value = event
             losses[step] = value
-            ref = ref_losses[step]
-            mark = "ok" if abs(value - ref) <= LOSS_TOLERANCE * max(1.0, abs(ref)) else "MISMATCH"
-            print(
-                f"step {step + 1:3d}/{cfg.steps} {_progress(step + 1, cfg.steps)} "
-                f"loss {value:.6f}  single-process {ref:.6f}  {mark}",
-                file=out,
-                flush=True,
-            )
+            print(_step_line(step, cfg.steps, value, ref_losses[step]), file=out, flush=True)
         elif kind == "params":
             params = event[1]
         elif kind == "checkpoint":
@@ -459,33 +515,7 @@ def run_demo(cfg: DemoConfig | None = None, out: IO[str] | None = None) -> int:
     for err in errors:
         print(f"FAIL {err}", file=out)
     if not errors:
-        loss_ok = len(losses) == cfg.steps and all(
-            abs(losses[s] - ref_losses[s]) <= LOSS_TOLERANCE * max(1.0, abs(ref_losses[s]))
-            for s in range(cfg.steps)
-        )
-        ok &= loss_ok
-        print(
-            f"{'PASS' if loss_ok else 'FAIL'} losses match the single-process run "
-            f"({len(losses)}/{cfg.steps} steps, tolerance {LOSS_TOLERANCE:g})",
-            file=out,
-        )
-        for name, ref in ref_params.items():
-            info = params.get(name)
-            if info is None:
-                ok = False
-                print(f"FAIL {name}: no parameter reported", file=out)
-                continue
-            close = torch.allclose(torch.tensor(info["value"]), ref, atol=PARAM_TOLERANCE)
-            good = close and info["same_as_torch"]
-            ok &= good
-            ours_n, torch_n = info["collectives"]
-            print(
-                f"{'PASS' if good else 'FAIL'} full_tensor({name}) {tuple(ref.shape)} "
-                f"{info['placements']}: equals single-process: {close}, equals torch's "
-                f"DTensor.full_tensor(): {info['same_as_torch']}; collectives ours {ours_n}, "
-                f"torch {torch_n}",
-                file=out,
-            )
+        ok &= _check_training(cfg.steps, losses, params, ref_losses, ref_params, out)
     if not errors:
         print(file=out)
         ok &= demo_checkpoint.report(checkpoint, scratch.name, ref_params, PARAM_TOLERANCE, out)
