@@ -31,6 +31,7 @@ from .cli_args import (
     parse_shard_order,
     parse_unflatten,
     shown,
+    spec_from_flags,
     user_input,
 )
 from .mesh import Mesh
@@ -262,22 +263,13 @@ def _shard_spec(args: argparse.Namespace) -> tuple[ShardingSpec, list[Placement]
     shape = parse_int_list(args.shape, "--shape", minimum=0)
     mesh = build_mesh(args.mesh, args.ranks, shape_flag="--mesh")
     given = None if args.placements is None else parse_placements(args.placements)
-    wanted = None
-    if args.shard_order is not None:
-        order = parse_shard_order(args.shard_order)
-        with user_input("--shard-order", args.shard_order):
-            wanted = ShardingSpec.from_shard_order(shape, mesh, order)
-    if given is None:
-        assert wanted is not None
-        return wanted, None
-    with user_input("--placements", args.placements):
-        spec = ShardingSpec(shape, mesh, given)
-    if wanted is not None and (not spec.decodable or spec.shard_order() != wanted.shard_order()):
-        have = spec.shard_order() if spec.decodable else "none (not decodable)"
-        raise ArgError(
-            f"--placements {shown(args.placements)} decode to shard order {have}, but "
-            f"--shard-order {shown(args.shard_order)} says {wanted.shard_order()}"
-        )
+    order = None if args.shard_order is None else parse_shard_order(args.shard_order)
+    spec = spec_from_flags(
+        shape,
+        mesh,
+        None if given is None else (args.placements, given),
+        None if order is None else (args.shard_order, order),
+    )
     return spec, given
 
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from .mesh import Mesh
-from .sharding import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard
+from .sharding import REDUCE_OPS, Partial, Placement, Replicate, Shard, ShardingSpec, StridedShard
 
 __all__ = [
     "INT64_MAX",
@@ -42,6 +42,7 @@ __all__ = [
     "parse_unflatten",
     "range_length",
     "shown",
+    "spec_from_flags",
     "split_top_level",
     "user_input",
 ]
@@ -276,6 +277,51 @@ def build_mesh(
             )
     with user_input(ranks_flag if ranks_text is not None else shape_flag, ranks_text or shape_text):
         return Mesh(sizes, names, ranks=ranks)
+
+
+def spec_from_flags(
+    shape: Sequence[int],
+    mesh: Mesh,
+    placements: tuple[str, list[Placement]] | None,
+    shard_order: tuple[str, dict[int, tuple[str | int, ...]]] | None,
+    *,
+    flags: tuple[str, str] = ("--placements", "--shard-order"),
+) -> ShardingSpec:
+    """The spec of ``--placements`` and/or ``--shard-order``, each given as (text, parsed value).
+
+    With both, the placements must decode to that shard order. Every error is an
+    :class:`ArgError` naming the flag (``flags``: the placements' and the order's)
+    and the text the user typed.
+
+    >>> mesh = build_mesh("dp=2,tp=2", None)
+    >>> spec_from_flags((8,), mesh, ("S(0),S(0)", parse_placements("S(0),S(0)")), None)
+    ShardingSpec(global_shape=(8,), mesh=Mesh(dp=2, tp=2), placements=(Shard(dim=0), Shard(dim=0)))
+    >>> spec_from_flags((8,), mesh, ("S(0),R", parse_placements("S(0),R")),
+    ...                 ("0:tp", parse_shard_order("0:tp")))
+    Traceback (most recent call last):
+    ...
+    meshlayout.cli_args.ArgError: --placements 'S(0),R' decode to shard order {0: (0,)}, but --shard-order '0:tp' says {0: (1,)}
+    """
+    if placements is None and shard_order is None:
+        raise ArgError(f"give {flags[0]}, {flags[1]}, or both")
+    wanted = None
+    if shard_order is not None:
+        with user_input(flags[1], shard_order[0]):
+            wanted = ShardingSpec.from_shard_order(shape, mesh, shard_order[1])
+    if placements is None:
+        assert wanted is not None
+        return wanted
+    with user_input(flags[0], placements[0]):
+        spec = ShardingSpec(shape, mesh, placements[1])
+    if shard_order is None or wanted is None:
+        return spec
+    if not spec.decodable or spec.shard_order() != wanted.shard_order():
+        have = spec.shard_order() if spec.decodable else "none (not decodable)"
+        raise ArgError(
+            f"{flags[0]} {shown(placements[0])} decode to shard order {have}, but "
+            f"{flags[1]} {shown(shard_order[0])} says {wanted.shard_order()}"
+        )
+    return spec
 
 
 def split_top_level(text: str, sep: str = ",", *, what: str = "value") -> list[str]:

@@ -26,6 +26,7 @@ from .cli_args import (
     parse_placements,
     parse_shard_order,
     shown,
+    spec_from_flags,
     user_input,
 )
 from .render import Section, TooLargeError, check_size, html_page, placement_text, ranks_text
@@ -151,26 +152,15 @@ def _side_spec(args: argparse.Namespace, side: str, shape: tuple[int, ...]) -> S
     )
     with _too_large(f"{mesh_flag} {shown(getattr(args, f'{side}_mesh'))}"):
         check_size(len(mesh.rank_map), "a reshard plan looks at every rank")
-    wanted = None
+    order = None
     if order_text is not None:
         with _renamed(oflag):
-            order = parse_shard_order(order_text)
-        with user_input(oflag, order_text):
-            wanted = ShardingSpec.from_shard_order(shape, mesh, order)
-    if placements_text is None:
-        assert wanted is not None
-        return wanted
-    with _renamed(pflag):
-        given = parse_placements(placements_text)
-    with user_input(pflag, placements_text):
-        spec = ShardingSpec(shape, mesh, given)
-    if wanted is not None and (not spec.decodable or spec.shard_order() != wanted.shard_order()):
-        have = spec.shard_order() if spec.decodable else "none (not decodable)"
-        raise ArgError(
-            f"{pflag} {shown(placements_text)} decode to shard order {have}, but "
-            f"{oflag} {shown(order_text)} says {wanted.shard_order()}"
-        )
-    return spec
+            order = (order_text, parse_shard_order(order_text))
+    given = None
+    if placements_text is not None:
+        with _renamed(pflag):
+            given = (placements_text, parse_placements(placements_text))
+    return spec_from_flags(shape, mesh, given, order, flags=(pflag, oflag))
 
 
 def _plan(args: argparse.Namespace) -> ReshardPlan:
