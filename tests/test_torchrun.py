@@ -17,6 +17,8 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -71,31 +73,61 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _stop(procs: list[subprocess.Popen[str]]) -> None:
+    """SIGTERM each agent (torchrun then stops its workers, which run in sessions of their
+    own), SIGKILL its process group if it is still there a minute later."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def _launch(*argvs: list[str]) -> list[tuple[int, str, str]]:
-    """Start every agent at once; (exit status, stdout, stderr) of each; kill all on a hang."""
-    procs = [
-        subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,  # its own process group: the hang guard kills agent + workers
-        )
-        for argv in argvs
-    ]
-    results = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=HANG_GUARD)
-            results.append((proc.returncode, out, err))
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        tails = [p.communicate()[1][-3000:] for p in procs]
+    """Start every agent at once; (exit status, stdout, stderr) of each; kill all on a hang.
+
+    Output goes to files, not pipes: an agent never blocks on a full pipe while the
+    test waits for another one.
+    """
+    with tempfile.TemporaryDirectory(prefix="meshlayout-torchrun-") as tmp:
+        files = [
+            (open(Path(tmp) / f"{i}.out", "w+"), open(Path(tmp) / f"{i}.err", "w+"))
+            for i in range(len(argvs))
+        ]
+        procs = [
+            subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                env=_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                text=True,
+                start_new_session=True,  # its own process group, for the hang guard (_stop)
+            )
+            for argv, (out, err) in zip(argvs, files)
+        ]
+        deadline = time.monotonic() + HANG_GUARD
+        hung = False
+        try:
+            for proc in procs:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            hung = True
+            _stop(procs)
+        results = []
+        for proc, (out, err) in zip(procs, files):
+            out.seek(0)
+            err.seek(0)
+            results.append((proc.returncode, out.read(), err.read()))
+            out.close()
+            err.close()
+    if hung:
+        tails = [err[-3000:] for _, _, err in results]
         pytest.fail(f"torchrun did not finish within the {HANG_GUARD} s hang guard: {tails}")
     return results
 
