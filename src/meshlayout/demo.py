@@ -23,7 +23,9 @@ The demo is the end-to-end check a user runs first:
    plain DCP with ours on a layer torch 2.13 gets wrong (:mod:`.demo_checkpoint`).
 
 It returns 0 if every check passes, 1 otherwise. torch is imported lazily so
-that ``meshlayout --help`` stays fast and torch-free.
+that ``meshlayout --help`` stays fast and torch-free. The same training body
+(:func:`_worker`) runs under torchrun, on one host or several, as
+``python -m meshlayout.demo_train`` (:mod:`.demo_train`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from __future__ import annotations
 import socket
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import numpy as np
@@ -195,7 +195,7 @@ def check_hosts(hosts: Hosts, members: RankMap, *, timeout: timedelta, what: str
     if store.add(f"{ns}/bad", 0):
         reported = store.get(f"{ns}/problem").decode()
         raise ValueError(f"{what}: {reported}")
-    return Hosts(hosts.ranks_per_host, hosts.source, hosts.node, checked=True)
+    return replace(hosts, checked=True)
 
 
 def _disagreement(
