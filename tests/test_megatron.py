@@ -35,7 +35,7 @@ from megatron_reference import (
     run_reference,
     sweep_configs,
 )
-from meshlayout import Mesh, ParallelDims
+from meshlayout import Mesh, ParallelDims, render
 from meshlayout.megatron import (
     ALIASES,
     DEFAULT_ORDER,
@@ -295,7 +295,7 @@ def test_error_distributed_optimizer_instances() -> None:
         md.mesh("intra_dp_cp")
     assert "intra_dp_cp" not in md.views() and "intra_edp" in md.views()
     assert md.groups("intra_dp_cp").tolist()[:2] == [[0, 1, 4], [5, 8, 9]]
-    assert "intra_dp_cp" not in md.to_dict()["views"]
+    assert "intra_dp_cp" not in render.plan_report(md)["views"]
 
 
 @pytest.mark.parametrize(
@@ -341,24 +341,19 @@ def test_value_object() -> None:
     assert MegatronDims(8, tp=2, order="tp-dp-pp").views() == MegatronDims(8, tp=2).views()
 
 
-def test_describe_and_to_dict() -> None:
+def test_plan_report_of_megatron_dims() -> None:
+    # One report path (render) for every kind of dims: the groups it lists are MegatronDims'.
     md = MegatronDims(16, tp=2, pp=2, ep=4, etp=1)
-    text = md.describe(rank=5, ranks_per_host=4)
-    assert text.splitlines()[0] == repr(md)
-    assert (
-        "order tp-cp-ep-dp-pp (innermost first): dense (pp, dp, cp, tp), expert (pp, edp, ep, etp)"
-        in text
-    )
-    row = next(line for line in text.splitlines() if line.startswith("ep "))
-    assert "[4, 5, 6, 7]" in row and "stays within a host" in row
-    assert row.endswith("get_expert_model_parallel_group()")
-    d = md.to_dict(rank=5)
-    assert json.loads(json.dumps(d)) == d
-    assert d["views"]["ep"]["group"] == [4, 5, 6, 7]
-    assert d["views"]["dp_cp"]["group_desc"] == "DATA_PARALLEL_GROUP_WITH_CP"
-    assert set(d["views"]) == set(MEGATRON_VIEWS)
-    with raises(ValueError, "rank 16 is not in this world"):
-        md.describe(rank=16)
+    report = render.plan_report(md, rank=5, ranks_per_host=4)
+    assert json.loads(json.dumps(report)) == report
+    assert set(report["views"]) == set(md.views())
+    for name, view in report["views"].items():
+        assert view["groups"] == sorted(md.groups(name).tolist()), name
+    assert report["views"]["ep"]["rank"]["group"] == [4, 5, 6, 7]
+    assert report["views"]["ep"]["hosts_spanned"] == 1
+    text = render.plan_text(report)
+    assert text.splitlines()[0].startswith(repr(md))
+    assert "order tp-cp-ep-dp-pp (innermost first)" in text
 
 
 def test_enabled_and_embedding_groups() -> None:

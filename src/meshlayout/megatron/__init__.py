@@ -32,8 +32,9 @@ expert-parallel group strides over the data-parallel ranks.
 
 The package: ``_views`` (the table of Megatron's groups, :data:`MEGATRON_VIEWS`),
 ``_config`` (order strings and the configurations Megatron accepts), ``_dims``
-(:class:`MegatronDims`: the grids and their views), ``_report`` (``describe`` and
-``to_dict``).
+(:class:`MegatronDims`: the grids and their views). Text and JSON reports of its
+views come from :mod:`meshlayout.render` (``plan_report`` / ``plan_text``), as for
+``ParallelDims``.
 """
 
 from __future__ import annotations

@@ -28,7 +28,6 @@ from ._config import (
     parse_tokens,
     pipeline_groups_error,
 )
-from ._report import describe_text, report_dict
 from ._views import MEGATRON_VIEWS, VIEWS, view_name
 
 __all__ = ["MegatronDims"]
@@ -355,30 +354,6 @@ class MegatronDims:
         pp = self.groups("pp")
         out: IntArray = pp[:, [0, -1]] if pp.shape[1] > 1 else pp
         return out
-
-    # ------------------------------------------------------------------ reports
-    def describe(self, *, rank: int | None = None, ranks_per_host: int | None = None) -> str:
-        """A plain-text table: every view, its shape, number of groups and ``rank``'s group.
-
-        >>> print(MegatronDims(8, tp=2, ep=2).describe(ranks_per_host=4))  # doctest: +ELLIPSIS
-        MegatronDims(8, tp=2, cp=1, dp=4, pp=1, ep=2, etp=2)
-        order tp-cp-ep-dp-pp (innermost first): dense (pp, dp, cp, tp), expert (pp, edp, ep, etp)
-        view            size  groups  group of rank 0           hosts                Megatron
-        tp              2     4       [0, 1]                    stays within a host  get_tensor_model_parallel_group()
-        cp              1     8       [0]                       stays within a host  get_context_parallel_group()
-        dp              4     2       [0, 2, 4, 6]              crosses 2 hosts      get_data_parallel_group()
-        ...
-        """
-        return describe_text(self, rank=rank, ranks_per_host=ranks_per_host)
-
-    def to_dict(self, *, rank: int | None = None) -> dict[str, Any]:
-        """A JSON-ready summary: degrees, orders, and every view with ``rank``'s group.
-
-        >>> d = MegatronDims(8, tp=2, ep=2).to_dict(rank=3)
-        >>> d["views"]["ep"]["group"], d["views"]["ep"]["getter"]
-        ([1, 3], 'get_expert_model_parallel_group()')
-        """
-        return report_dict(self, rank=rank)
 
 
 class _NotAMeshError(ValueError):
