@@ -352,7 +352,6 @@ def _probe_phase(probe: Probe, built: Any, root: str) -> dict[str, str]:
     from torch.distributed.tensor import Shard as TShard
     from torch.distributed.tensor import distribute_tensor
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
-    from torch.distributed.tensor.placement_types import _StridedShard
 
     if probe.kind == "none":
         return {}
@@ -372,7 +371,9 @@ def _probe_phase(probe: Probe, built: Any, root: str) -> dict[str, str]:
         source, target = make(False), make(True)  # target: the same configuration, zeroed
     else:
         full = torch.arange(probe.rows, dtype=torch.float32)
-        source = distribute_tensor(full, mesh, [_StridedShard(0, split_factor=2)])
+        # torch's own placement for StridedShard(0, 2), spelled by our sharding layer
+        strided = ShardingSpec((probe.rows,), built.get(probe.view).mesh, [StridedShard(0, 2)])
+        source = distribute_tensor(full, mesh, list(strided.to_torch()))
         target = distribute_tensor(torch.zeros_like(full), mesh, [TShard(0)])
     outcome = {}
     for who, (save, load) in _planners().items():
