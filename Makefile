@@ -45,10 +45,14 @@ demo: setup
 	$(VENV)/bin/meshlayout demo
 
 bench: setup
+	$(PY) benchmarks/bench_import.py
 	$(PY) benchmarks/bench_layout.py
 	$(PY) benchmarks/bench_mesh.py
 	$(PY) benchmarks/bench_sharding.py
 	$(PY) benchmarks/bench_runtime.py
+	$(PY) benchmarks/bench_reshard_plan.py
+	$(PY) benchmarks/bench_reshard.py
+	$(PY) benchmarks/bench_checkpoint.py
 
 $(LATEST_STAMP): pyproject.toml
 	test -x $(LATEST_PY) || $(LATEST_PYTHON) -m venv $(LATEST_VENV)
