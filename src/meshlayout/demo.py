@@ -40,7 +40,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import IO, Any
 
@@ -198,97 +198,125 @@ def _worker(
     ``port``: the parent's store (:func:`run_demo`); None when the caller has set up the
     default process group already and keeps it (torchrun's workers, :mod:`.demo_train`).
 
-    With ``checkpoint_dir``, also run :func:`demo_checkpoint.worker_phase` there.
+    With ``checkpoint_dir``, also run :func:`demo_checkpoint.worker_phase` there. Every
+    failure is reported as an ``("error", rank, text)`` event, never raised.
     """
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.debug import CommDebugMode
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
-
-    from .sharding import ShardingSpec
-    from .torch import build, full_tensor
-
     try:
-        _quiet_torch()
-        limit = timedelta(seconds=cfg.timeout)
-        if port is not None:
-            store = _tcp_store()("127.0.0.1", port, cfg.nproc, is_master=False, timeout=limit)
-            dist.init_process_group(
-                "gloo", store=store, rank=rank, world_size=cfg.nproc, timeout=limit
-            )
-        events.put(("ready", rank))
-        _quiet_torch()  # again: process-group start-up re-reads torch's log settings
-        pd = demo_parallel_dims(cfg.nproc)
-        built = build(pd, "cpu")
-        if rank == 0:  # which groups cross hosts (hosts known under torchrun)
-            events.put(("hosts", built.host_report(["tp", "fsdp", "batch"])))
-        batch = built.get("batch")
-        model = _make_model()
-        if pd.enabled("tp"):
-            # FSDP over TP: parameters live on the 2-D (fsdp, tp) mesh.
-            dm = built.get(("fsdp", "tp"))
-            torch_mesh = dm.to_torch()
-            parallelize_module(
-                model, torch_mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()}
-            )
-            fully_shard(model, mesh=torch_mesh["fsdp"])
-        else:
-            # FSDP alone: parameters live on the 1-D fsdp mesh.
-            dm = built.get("fsdp")
-            fully_shard(model, mesh=dm.to_torch())
-        opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
-        n_batch = batch.mesh.size()
-        me = batch.get_local_rank("batch")
-        for step in range(cfg.steps):
-            x, y = _batch(step)
-            x, y = x.chunk(n_batch)[me], y.chunk(n_batch)[me]
-            loss = ((model(x) - y) ** 2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            total = loss.detach().clone()
-            if n_batch > 1:
-                dist.all_reduce(total, group=batch.get_group("batch"))
-            if rank == 0:
-                events.put(("loss", step, total.item() / n_batch))
-
-        checks: dict[str, Any] = {}
-        for name, param in model.state_dict().items():
-            assert isinstance(param, DTensor)
-            torch_ranks = param.device_mesh.mesh.tolist()
-            if torch_ranks != dm.mesh.submesh(rank).tolist():
-                raise RuntimeError(f"{name} lives on torch's mesh {torch_ranks}, not on {dm!r}")
-            spec = ShardingSpec.from_torch(tuple(param.shape), dm.mesh, param.placements)
-            with CommDebugMode() as ours_comm:  # type: ignore[no-untyped-call]
-                ours = full_tensor(param.to_local(), dm, spec)
-            with CommDebugMode() as torch_comm:  # type: ignore[no-untyped-call]
-                theirs = param.full_tensor()
-            checks[name] = {
-                "placements": str(spec.placements()),
-                "same_as_torch": bool(torch.equal(ours, theirs)),
-                "value": ours.tolist(),
-                "collectives": (ours_comm.get_total_counts(), torch_comm.get_total_counts()),
-            }
-        if rank == 0:
-            events.put(("params", checks))
-        if checkpoint_dir:
-            summary = demo_checkpoint.worker_phase(model, built, pd, checkpoint_dir, _make_model)
-            if rank == 0:
-                events.put(("checkpoint", summary))
-        dist.barrier()
-        if port is not None:
-            dist.destroy_process_group()
-        events.put(("done", rank))
+        _join(rank, cfg, port, events)
+        _train_and_check(rank, cfg, events, checkpoint_dir)
+        _leave(rank, port, events)
     except BaseException as exc:  # report, then let the parent fail the demo
         import traceback
 
         events.put(("error", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def _join(rank: int, cfg: DemoConfig, port: int | None, events: Any) -> None:
+    """Join the parent's gloo group (unless ``port`` is None: already joined); say ``ready``."""
+    import torch.distributed as dist
+
+    _quiet_torch()
+    if port is not None:
+        limit = timedelta(seconds=cfg.timeout)
+        store = _tcp_store()("127.0.0.1", port, cfg.nproc, is_master=False, timeout=limit)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=cfg.nproc, timeout=limit)
+    events.put(("ready", rank))
+    _quiet_torch()  # again: process-group start-up re-reads torch's log settings
+
+
+def _train_and_check(rank: int, cfg: DemoConfig, events: Any, checkpoint_dir: str) -> None:
+    """Build the meshes, shard and train the model, check its parameters, checkpoint it.
+
+    Rank 0 reports the host report, every step's loss, the parameter checks and the
+    checkpoint summary; the other ranks take part in the collectives only.
+    """
+    from .torch import build
+
+    pd = demo_parallel_dims(cfg.nproc)
+    built = build(pd, "cpu")
+    if rank == 0:  # which groups cross hosts (hosts known under torchrun)
+        events.put(("hosts", built.host_report(["tp", "fsdp", "batch"])))
+    model = _make_model()
+    # FSDP over TP: parameters live on the 2-D (fsdp, tp) mesh; FSDP alone: on 1-D fsdp.
+    demo_checkpoint.parallelize(model, built, pd)
+    dm = built.get(("fsdp", "tp") if pd.enabled("tp") else "fsdp")
+    _train(model, built.get("batch"), cfg.steps, rank, events)
+    checks = _parameter_checks(model, dm, rank)
+    if rank == 0:
+        events.put(("params", checks))
+    if checkpoint_dir:
+        summary = demo_checkpoint.worker_phase(model, built, pd, checkpoint_dir, _make_model)
+        if rank == 0:
+            events.put(("checkpoint", summary))
+
+
+def _train(model: Any, batch: Any, steps: int, rank: int, events: Any) -> None:
+    """SGD for ``steps`` steps, each ``batch`` group on its slice of the global batch.
+
+    ``batch`` is the 1-D ``batch`` :class:`~meshlayout.torch.DistributedMesh`; the
+    loss is averaged over it and reported by rank 0 as ``("loss", step, value)``.
+    """
+    import torch
+    import torch.distributed as dist
+
+    opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+    n_batch = batch.mesh.size()
+    me = batch.get_local_rank("batch")
+    for step in range(steps):
+        x, y = _batch(step)
+        x, y = x.chunk(n_batch)[me], y.chunk(n_batch)[me]
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        total = loss.detach().clone()
+        if n_batch > 1:
+            dist.all_reduce(total, group=batch.get_group("batch"))
+        if rank == 0:
+            events.put(("loss", step, total.item() / n_batch))
+
+
+def _parameter_checks(model: Any, dm: Any, rank: int) -> dict[str, Any]:
+    """Per parameter: its placements, our ``full_tensor`` vs torch's, and both collective counts.
+
+    ``dm`` is the :class:`~meshlayout.torch.DistributedMesh` the parameters live on;
+    a parameter on another torch mesh is an error. Collective (every rank calls it).
+    """
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from .sharding import ShardingSpec
+    from .torch import full_tensor
+
+    checks: dict[str, Any] = {}
+    for name, param in model.state_dict().items():
+        assert isinstance(param, DTensor)
+        torch_ranks = param.device_mesh.mesh.tolist()
+        if torch_ranks != dm.mesh.submesh(rank).tolist():
+            raise RuntimeError(f"{name} lives on torch's mesh {torch_ranks}, not on {dm!r}")
+        spec = ShardingSpec.from_torch(tuple(param.shape), dm.mesh, param.placements)
+        with CommDebugMode() as ours_comm:  # type: ignore[no-untyped-call]
+            ours = full_tensor(param.to_local(), dm, spec)
+        with CommDebugMode() as torch_comm:  # type: ignore[no-untyped-call]
+            theirs = param.full_tensor()
+        checks[name] = {
+            "placements": str(spec.placements()),
+            "same_as_torch": bool(torch.equal(ours, theirs)),
+            "value": ours.tolist(),
+            "collectives": (ours_comm.get_total_counts(), torch_comm.get_total_counts()),
+        }
+    return checks
+
+
+def _leave(rank: int, port: int | None, events: Any) -> None:
+    """Wait for every rank, leave the group this worker joined (if any), say ``done``."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    if port is not None:
+        dist.destroy_process_group()
+    events.put(("done", rank))
 
 
 # ---------------------------------------------------------------------- the parent
@@ -465,62 +493,107 @@ def run_demo(cfg: DemoConfig | None = None, out: IO[str] | None = None) -> int:
         file=out,
         flush=True,
     )
-    scratch = tempfile.TemporaryDirectory(prefix="meshlayout-demo-")  # checkpoints; removed below
-    workers = _Workers(cfg, store.port, scratch.name)
-    ref_losses, ref_params = _reference(cfg.steps)
+    with tempfile.TemporaryDirectory(prefix="meshlayout-demo-") as scratch:  # checkpoints
+        workers = _Workers(cfg, store.port, scratch)
+        ref_losses, ref_params = _reference(cfg.steps)
+        got = _Collector(cfg, workers, ref_losses, started, out).run()
+        workers.stop(grace=0.0 if got.errors else 10.0)  # a failed run's workers may be stuck
+        ok = _checks(cfg, got, ref_losses, ref_params, scratch, out)
+    print(f"demo {'passed' if ok else 'FAILED'} in {time.perf_counter() - started:.1f} s", file=out)
+    return 0 if ok else 1
 
-    losses: dict[int, float] = {}
-    params: dict[str, Any] = {}
+
+@dataclass
+class _Reports:
+    """What the workers reported in one run (filled by :class:`_Collector`)."""
+
+    losses: dict[int, float] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
     checkpoint: dict[str, Any] | None = None
-    errors: list[str] = []
-    ready: set[int] = set()
-    done: set[int] = set()
-    deadline = time.monotonic() + cfg.timeout
-    while len(done) < cfg.nproc and not errors:
-        try:
-            event = workers.events.get(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
-        except queue.Empty:
-            if time.monotonic() > deadline:
-                missing = sorted(set(range(cfg.nproc)) - done)
-                errors.append(f"timed out after {cfg.timeout:g} s waiting for ranks {missing}")
-            continue
-        kind = event[0]
+    errors: list[str] = field(default_factory=list)
+    ready: set[int] = field(default_factory=set)
+    done: set[int] = field(default_factory=set)
+
+
+class _Collector:
+    """The parent's event loop: read the workers' events until all are done, one fails
+    or ``cfg.timeout`` passes; print the start-up and loss lines as they come."""
+
+    def __init__(
+        self,
+        cfg: DemoConfig,
+        workers: _Workers,
+        ref_losses: list[float],
+        started: float,
+        out: IO[str],
+    ) -> None:
+        self.cfg, self.workers, self.ref_losses = cfg, workers, ref_losses
+        self.started, self.out = started, out
+        self.got = _Reports()
+
+    def run(self) -> _Reports:
+        """Collect until every rank is done or an error (a failure, a timeout) is recorded."""
+        cfg, got = self.cfg, self.got
+        deadline = time.monotonic() + cfg.timeout
+        while len(got.done) < cfg.nproc and not got.errors:
+            try:
+                wait = max(0.1, min(1.0, deadline - time.monotonic()))
+                event = self.workers.events.get(timeout=wait)
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(cfg.nproc)) - got.done)
+                    got.errors.append(
+                        f"timed out after {cfg.timeout:g} s waiting for ranks {missing}"
+                    )
+                continue
+            self._record(event)
+        return got
+
+    def _record(self, event: tuple[Any, ...]) -> None:
+        got, kind = self.got, event[0]
         if kind == "eof":
-            if event[1] not in done:
-                errors.append(workers.exit_report(event[1]))
+            if event[1] not in got.done:
+                got.errors.append(self.workers.exit_report(event[1]))
         elif kind == "ready":
-            ready.add(event[1])
-            if len(ready) == cfg.nproc:
-                print(
-                    f"{cfg.nproc} worker interpreters joined the gloo group after "
-                    f"{time.perf_counter() - started:.1f} s",
-                    file=out,
-                    flush=True,
+            got.ready.add(event[1])
+            if len(got.ready) == self.cfg.nproc:
+                self._print(
+                    f"{self.cfg.nproc} worker interpreters joined the gloo group after "
+                    f"{time.perf_counter() - self.started:.1f} s"
                 )
         elif kind == "loss":
             _, step, value = event
-            losses[step] = value
-            print(_step_line(step, cfg.steps, value, ref_losses[step]), file=out, flush=True)
+            got.losses[step] = value
+            self._print(_step_line(step, self.cfg.steps, value, self.ref_losses[step]))
         elif kind == "params":
-            params = event[1]
+            got.params = event[1]
         elif kind == "checkpoint":
-            checkpoint = event[1]
+            got.checkpoint = event[1]
         elif kind == "done":
-            done.add(event[1])
+            got.done.add(event[1])
         elif kind == "error":
-            errors.append(f"rank {event[1]} failed: {event[2]}")
-    workers.stop(grace=0.0 if errors else 10.0)  # a failed run's workers may be stuck
+            got.errors.append(f"rank {event[1]} failed: {event[2]}")
 
+    def _print(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+
+def _checks(
+    cfg: DemoConfig,
+    got: _Reports,
+    ref_losses: list[float],
+    ref_params: dict[str, Any],
+    scratch: str,
+    out: IO[str],
+) -> bool:
+    """Print the ``== checks ==`` section (and the checkpoint one); True if all pass."""
     print(file=out)
     print("== checks ==", file=out)
-    ok = not errors
-    for err in errors:
+    for err in got.errors:
         print(f"FAIL {err}", file=out)
-    if not errors:
-        ok &= _check_training(cfg.steps, losses, params, ref_losses, ref_params, out)
-    if not errors:
-        print(file=out)
-        ok &= demo_checkpoint.report(checkpoint, scratch.name, ref_params, PARAM_TOLERANCE, out)
-    scratch.cleanup()
-    print(f"demo {'passed' if ok else 'FAILED'} in {time.perf_counter() - started:.1f} s", file=out)
-    return 0 if ok else 1
+    if got.errors:
+        return False
+    ok = _check_training(cfg.steps, got.losses, got.params, ref_losses, ref_params, out)
+    print(file=out)
+    ok &= demo_checkpoint.report(got.checkpoint, scratch, ref_params, PARAM_TOLERANCE, out)
+    return ok
