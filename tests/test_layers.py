@@ -33,6 +33,7 @@ LAYERS = {
     "cli_reshard": 4,
     "demo": 4,
     "demo_checkpoint": 4,
+    "demo_checkpoint_report": 4,
     "demo_train": 4,
     "torch": 4,
 }

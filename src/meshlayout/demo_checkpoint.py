@@ -15,13 +15,10 @@ After training, every demo worker calls :func:`worker_phase`, which
    storage, e.g. 7 rows on (fsdp=3, tp=2)), otherwise a ``[_StridedShard(0, 2)]``
    DTensor whose ranks hold several runs (8 rows on 2 ranks).
 
-Rank 0 returns a JSON-ready summary; the calling process hands it to :func:`report`,
-which also loads both checkpoints into plain tensors itself (``no_dist=True``: one
-process, no process group), compares them with the trained parameters and the
-single-process run, and prints ``PASS``/``FAIL`` lines and the plain-DCP comparison.
-Only our planners' results decide the demo's exit status: plain DCP failing is the
-point of the comparison, and plain DCP succeeding on the probe (a torch fix) is
-reported, not failed.
+Rank 0 returns a JSON-ready summary; the calling process hands it to :func:`report`
+(:mod:`.demo_checkpoint_report`, re-exported here), which loads both checkpoints into
+plain tensors itself and prints the ``PASS``/``FAIL`` lines and the plain-DCP
+comparison. Only our planners' results decide the demo's exit status.
 
 The planning helpers are pure:
 
@@ -37,8 +34,9 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import IO, Any
+from typing import Any
 
+from .demo_checkpoint_report import EXACT, differences, error_message, report
 from .mesh import Mesh
 from .parallel_dims import ParallelDims
 from .sharding import Placement, Shard, ShardingSpec, StridedShard, torch_split_runs
@@ -60,9 +58,6 @@ __all__ = [
 PROBE_IN = 3
 #: :func:`first_uneven_rows` looks at row counts up to this many.
 MAX_PROBE_ROWS = 64
-#: Error messages in the report are cut to this many characters.
-MESSAGE_LIMIT = 150
-EXACT = "exact"
 
 
 # ---------------------------------------------------------------------- pure planning
@@ -232,35 +227,6 @@ def parallelize(model: Any, built: Any, pd: ParallelDims) -> None:
         fully_shard(model, mesh=built.get("fsdp").to_torch())
 
 
-def _message(exc: BaseException) -> str:
-    """The first line of the underlying error (DCP wraps every rank's error)."""
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict) and failures:
-        inner = next(iter(failures.values()))
-        exc = inner[0] if isinstance(inner, tuple) else inner
-    lines = str(exc).strip().splitlines() or [type(exc).__name__]
-    text = lines[0].split(": ChunkStorageMetadata(")[0]  # DCP then lists every chunk
-    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
-
-
-def _differences(got: Mapping[str, Any], want: Mapping[str, Any]) -> str:
-    """``EXACT``, or which tensors of ``got`` differ from ``want`` and where (bitwise)."""
-    bad = []
-    for name, expect in want.items():
-        value = got.get(name)
-        if value is None:
-            bad.append(f"{name} missing")
-            continue
-        if value.shape != expect.shape or value.dtype != expect.dtype:
-            bad.append(f"{name} is {tuple(value.shape)} {value.dtype}")
-            continue
-        differ = (value != expect).nonzero()
-        if len(differ):
-            at = tuple(int(i) for i in differ[0].tolist())
-            bad.append(f"{name}: {len(differ)} of {expect.numel()} elements differ (first at {at})")
-    return EXACT if not bad else "loads wrong values: " + "; ".join(bad)
-
-
 def _full(state: Mapping[str, Any]) -> dict[str, Any]:
     """Every DTensor of ``state`` gathered with torch's own ``full_tensor`` (collective)."""
     return {name: value.full_tensor().detach().clone() for name, value in state.items()}
@@ -282,12 +248,12 @@ def _save_and_load(
     try:
         save(path)
     except BaseException as exc:  # DCP raises CheckpointException, a BaseException
-        return f"dcp.save fails: {_message(exc)}"
+        return f"dcp.save fails: {error_message(exc)}"
     try:
         got = load(path)
     except BaseException as exc:
-        return f"dcp.load fails: {_message(exc)}"
-    return _differences(got, want)
+        return f"dcp.load fails: {error_message(exc)}"
+    return differences(got, want)
 
 
 def _planners() -> dict[str, tuple[Callable[..., Any], Callable[..., Any]]]:
@@ -328,7 +294,7 @@ def _model_phase(
             save({"model": model.state_dict()}, path)
             outcome[f"save {who}"] = EXACT
         except BaseException as exc:
-            outcome[f"save {who}"] = f"dcp.save fails: {_message(exc)}"
+            outcome[f"save {who}"] = f"dcp.save fails: {error_message(exc)}"
             continue
         if other is None:
             continue
@@ -338,9 +304,9 @@ def _model_phase(
         try:
             load({"model": state}, path)
         except BaseException as exc:
-            outcome[f"reload {who}"] = f"dcp.load fails: {_message(exc)}"
+            outcome[f"reload {who}"] = f"dcp.load fails: {error_message(exc)}"
             continue
-        outcome[f"reload {who}"] = _differences(_full(state), trained)
+        outcome[f"reload {who}"] = differences(_full(state), trained)
     return trained, outcome
 
 
@@ -463,154 +429,3 @@ def make_summary(
         "trained": dict(trained),
         "outcome": dict(outcome),
     }
-
-
-# ---------------------------------------------------------------------- parent side
-def _load_plain(root: str, who: str, like: Mapping[str, Any]) -> dict[str, Any]:
-    """Load ``root/who`` into zeroed plain tensors shaped like ``like``, in this process."""
-    import warnings
-
-    import torch
-    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-
-    from .torch import checkpoint as mlcp
-
-    state = {"model": {k: torch.zeros_like(v) for k, v in like.items()}}
-    path = os.path.join(root, who)
-    with warnings.catch_warnings():  # DCP warns that no_dist means one process: we know
-        warnings.simplefilter("ignore", UserWarning)
-        if who == "ours":
-            mlcp.load(state, path, no_dist=True)
-        else:
-            dcp_load(state, checkpoint_id=path, no_dist=True)
-    return dict(state["model"])
-
-
-def _plain_tensor_check(root: str, who: str, trained: Mapping[str, Any]) -> str:
-    try:
-        got = _load_plain(root, who, trained)
-    except BaseException as exc:
-        return f"dcp.load fails: {_message(exc)}"
-    return _differences(got, trained)
-
-
-def _verdict(outcome: str | None) -> str:
-    return "PASS" if outcome == EXACT else "FAIL"
-
-
-def _chunk_summary(root: str) -> tuple[bool, str]:
-    """Our checkpoint as ``meshlayout checkpoint`` sees it: tensors, chunks, exact tiling."""
-    from .torch.checkpoint import describe_checkpoint
-
-    try:
-        described = describe_checkpoint(os.path.join(root, "ours"))
-    except (OSError, ValueError) as exc:
-        return False, f"cannot read it back ({exc})"
-    tensors = described["tensors"]
-    chunks = sum(len(t["chunks"]) for t in tensors)
-    if described["ok"]:
-        return True, f"{len(tensors)} tensors in {chunks} chunks, every tensor tiles exactly"
-    bad = ", ".join(f"{t['name']}: {t['tiling']}" for t in tensors if not t["exact"])
-    return False, f"{len(tensors)} tensors in {chunks} chunks; NOT EXACT: {bad}"
-
-
-def _processes(n: int) -> str:
-    return f"{n} process" + ("" if n == 1 else "es")
-
-
-def _failed(outcome: str | None) -> str:
-    return "" if outcome == EXACT else f": {outcome or 'no result'}"
-
-
-def report(
-    summary: Mapping[str, Any] | None,
-    root: str,
-    reference: Mapping[str, Any],
-    tolerance: float,
-    out: IO[str],
-) -> bool:
-    """Print the checkpoint section; True if every check of our planners passed.
-
-    ``summary`` is rank 0's :func:`worker_phase` result (None: no worker reported
-    one), ``root`` the directory the workers saved into, ``reference`` the
-    single-process run's parameters, ``tolerance`` the demo's ``PARAM_TOLERANCE``.
-    This process loads both checkpoints into plain tensors itself (``no_dist=True``).
-    Plain DCP's results are shown on ``compare`` lines and never fail the demo.
-    """
-    import torch
-
-    def line(text: str) -> None:
-        print(text, file=out)
-
-    line("== checkpoint: meshlayout.torch.checkpoint vs plain torch.distributed.checkpoint ==")
-    if summary is None:
-        line("FAIL checkpoint: no worker reported the checkpoint phase")
-        return False
-    outcome: dict[str, str] = dict(summary["outcome"])
-    trained = {k: torch.tensor(v, dtype=torch.float32) for k, v in summary["trained"].items()}
-    nproc, saved_on, other = summary["nproc"], summary["saved_on"], summary["reloaded_on"]
-    for who in ("ours", "plain"):  # this process: no process group, full tensors
-        outcome[f"plain tensors {who}"] = (
-            _plain_tensor_check(root, who, trained)
-            if outcome.get(f"save {who}") == EXACT
-            else "not saved"
-        )
-
-    save_ok, detail = False, outcome.get("save ours") or "no result"
-    if outcome.get("save ours") == EXACT:
-        save_ok, detail = _chunk_summary(root)
-    line(
-        f"{'PASS' if save_ok else 'FAIL'} saved the trained model with ExactSavePlanner on "
-        f"{_processes(nproc)}, {saved_on}: {detail}"
-    )
-    ok = save_ok
-    keys = ["save", "plain tensors"]
-    if other is not None:
-        keys.append("reload")
-        mine = outcome.get("reload ours")
-        ok &= mine == EXACT
-        line(
-            f"{_verdict(mine)} reloaded it with ExactLoadPlanner as {other} on the same "
-            f"{_processes(nproc)}: every parameter equals the trained one, bitwise{_failed(mine)}"
-        )
-    mine = outcome["plain tensors ours"]
-    close = set(trained) == set(reference) and all(
-        torch.allclose(value, reference[name], atol=tolerance) for name, value in trained.items()
-    )
-    ok &= mine == EXACT and close
-    line(
-        f"{'PASS' if mine == EXACT and close else 'FAIL'} reloaded it as plain tensors in this "
-        f"process (no_dist=True): every parameter equals the trained one, bitwise{_failed(mine)}"
-        + ("" if close else "; the trained parameters differ from the single-process run")
-        + (f", and the single-process run within {tolerance:g}" if close else "")
-    )
-
-    ours_model = all(outcome.get(f"{k} ours") == EXACT for k in keys)
-    plain = [outcome.get(f"{k} plain") for k in keys]
-    plain_bad = [p or "no result" for p in plain if p != EXACT]
-    into = f"{other} and plain tensors" if other is not None else "plain tensors"
-    line(
-        f"compare  ours {'PASS' if ours_model else 'FAIL'}  "
-        f"plain DCP {'FAIL' if plain_bad else 'PASS'}  the demo model saved on {saved_on}, "
-        f"loaded into {into}" + (f": {plain_bad[0]}" if plain_bad else "")
-    )
-    probe = summary["probe"]
-    if probe["kind"] == "none":
-        line(
-            f"compare  ours n/a   plain DCP n/a   {probe['title']} (needs {probe['needs']}; "
-            "meshlayout demo --nproc 6 shows plain DCP failing on uneven FSDP over TP)"
-        )
-    else:
-        mine, theirs = outcome.get("probe ours"), outcome.get("probe plain")
-        ok &= mine == EXACT
-        if theirs == EXACT:
-            verdict = f"plain DCP PASS  {probe['title']} (torch 2.13 fails here: a fixed torch?)"
-        else:
-            verdict = f"plain DCP FAIL  {probe['title']}: {theirs or 'no result'}"
-        line(
-            f"compare  ours {_verdict(mine)}  {verdict}"
-            + (f" [ours{_failed(mine)}]" if mine != EXACT else "")
-        )
-        if summary.get("probe_note"):
-            line(f"         ({summary['probe_note']})")
-    return ok
