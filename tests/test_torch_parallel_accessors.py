@@ -22,7 +22,6 @@ Two halves:
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
 import subprocess
@@ -32,8 +31,10 @@ from typing import Any
 
 import pytest
 
+import torchtitan_configs
 from meshlayout import ParallelDims
 from meshlayout.torchtitan_names import ONE_DIMENSIONAL, TORCHTITAN_NAMES
+from torchtitan_configs import DEGREES
 
 #: torchtitan's names in the vendored version, and multi-dim requests it accepts.
 TITAN = ("pp", "batch", "loss", "dp_replicate", "fsdp", "cp", "tp", "ep", "efsdp", "etp")
@@ -50,32 +51,10 @@ COMBOS = (
 )
 #: Names and combinations only meshlayout has (newer torchtitan, or its own 2-D views).
 OURS_ONLY = (("dp",), ("dp_shard",), ("hsdp",), ("ehsdp",), ("tp", "ep"), ("fsdp", "dp_shard"))
-DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
 
 
 def configs() -> list[dict[str, int]]:
-    out = []
-    for dpr, dps, cp, tp, pp in itertools.product((1, 2), repeat=5):
-        region = dps * cp * tp
-        for ep, etp in itertools.product((1, 2, 4), sorted({1, tp})):
-            if region % (ep * etp) == 0:
-                out.append(
-                    dict(dp_replicate=dpr, dp_shard=dps, cp=cp, tp=tp, pp=pp, ep=ep, etp=etp)
-                )
-    out += [
-        dict(dp_replicate=1, dp_shard=3, cp=1, tp=2, pp=1, ep=3, etp=1),
-        dict(dp_replicate=2, dp_shard=3, cp=2, tp=1, pp=1, ep=6, etp=1),
-        dict(dp_replicate=1, dp_shard=2, cp=3, tp=2, pp=2, ep=3, etp=2),
-        # larger worlds (fake backend only)
-        dict(dp_replicate=2, dp_shard=8, cp=2, tp=4, pp=4, ep=8, etp=1),  # 512
-        dict(dp_replicate=4, dp_shard=4, cp=1, tp=8, pp=2, ep=1, etp=1),  # 256
-        dict(dp_replicate=1, dp_shard=16, cp=2, tp=4, pp=1, ep=4, etp=4),  # 128
-    ]
-    for cfg in out:
-        cfg["world_size"] = (
-            cfg["dp_replicate"] * cfg["dp_shard"] * cfg["cp"] * cfg["tp"] * cfg["pp"]
-        )
-    return out
+    return torchtitan_configs.configs(large=True)
 
 
 def cases() -> list[tuple[dict[str, int], int]]:

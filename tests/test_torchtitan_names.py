@@ -18,7 +18,6 @@ that do not exist (torchtitan #4068), ``dp_shard`` always exists and ``dp`` name
 
 from __future__ import annotations
 
-import itertools
 import json
 import subprocess
 import sys
@@ -27,8 +26,10 @@ from typing import Any
 
 import pytest
 
+import torchtitan_configs
 from meshlayout import ParallelDims
 from meshlayout.torchtitan_names import ONE_DIMENSIONAL, TORCHTITAN_NAMES
+from torchtitan_configs import DEGREES
 
 #: torchtitan's single-dim names in the vendored version (its ``_meshes``).
 TITAN = ("pp", "batch", "loss", "dp_replicate", "fsdp", "cp", "tp", "ep", "efsdp", "etp")
@@ -48,28 +49,10 @@ FLAGS = (
     "dp_enabled", "dp_replicate_enabled", "dp_shard_enabled", "cp_enabled", "dp_cp_enabled",
     "fsdp_enabled", "tp_enabled", "pp_enabled", "ep_enabled", "etp_enabled",
 )  # fmt: skip
-DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
 
 
 def configs() -> list[dict[str, int]]:
-    out = []
-    for dpr, dps, cp, tp, pp in itertools.product((1, 2), repeat=5):
-        region = dps * cp * tp
-        for ep, etp in itertools.product((1, 2, 4), sorted({1, tp})):
-            if region % (ep * etp) == 0:
-                out.append(
-                    dict(dp_replicate=dpr, dp_shard=dps, cp=cp, tp=tp, pp=pp, ep=ep, etp=etp)
-                )
-    out += [
-        dict(dp_replicate=1, dp_shard=3, cp=1, tp=2, pp=1, ep=3, etp=1),
-        dict(dp_replicate=2, dp_shard=3, cp=2, tp=1, pp=1, ep=6, etp=1),
-        dict(dp_replicate=1, dp_shard=2, cp=3, tp=2, pp=2, ep=3, etp=2),
-    ]
-    for cfg in out:
-        cfg["world_size"] = (
-            cfg["dp_replicate"] * cfg["dp_shard"] * cfg["cp"] * cfg["tp"] * cfg["pp"]
-        )
-    return out
+    return torchtitan_configs.configs(large=False)
 
 
 CONFIGS = configs()
