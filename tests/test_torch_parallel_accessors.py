@@ -34,21 +34,8 @@ import pytest
 import torchtitan_configs
 from meshlayout import ParallelDims
 from meshlayout.torchtitan_names import ONE_DIMENSIONAL, TORCHTITAN_NAMES
-from torchtitan_configs import DEGREES
+from torchtitan_configs import COMBOS, DEGREES, TITAN
 
-#: torchtitan's names in the vendored version, and multi-dim requests it accepts.
-TITAN = ("pp", "batch", "loss", "dp_replicate", "fsdp", "cp", "tp", "ep", "efsdp", "etp")
-COMBOS = (
-    ("dp_replicate", "fsdp"),
-    ("dp_replicate", "efsdp"),
-    ("pp", "tp"),
-    ("batch", "cp"),
-    ("pp", "batch", "cp", "tp"),
-    ("dp_replicate", "fsdp", "tp"),
-    ("efsdp", "ep"),
-    ("ep", "etp"),
-    ("pp", "dp_replicate", "efsdp", "ep", "etp"),
-)
 #: Names and combinations only meshlayout has (newer torchtitan, or its own 2-D views).
 OURS_ONLY = (("dp",), ("dp_shard",), ("hsdp",), ("ehsdp",), ("tp", "ep"), ("fsdp", "dp_shard"))
 

@@ -29,22 +29,8 @@ import pytest
 import torchtitan_configs
 from meshlayout import ParallelDims
 from meshlayout.torchtitan_names import ONE_DIMENSIONAL, TORCHTITAN_NAMES
-from torchtitan_configs import DEGREES
+from torchtitan_configs import COMBOS, DEGREES, TITAN
 
-#: torchtitan's single-dim names in the vendored version (its ``_meshes``).
-TITAN = ("pp", "batch", "loss", "dp_replicate", "fsdp", "cp", "tp", "ep", "efsdp", "etp")
-#: Multi-dim requests inside one of torchtitan's global meshes, in their order there.
-COMBOS = (
-    ("dp_replicate", "fsdp"),
-    ("dp_replicate", "efsdp"),
-    ("pp", "tp"),
-    ("batch", "cp"),
-    ("pp", "batch", "cp", "tp"),
-    ("dp_replicate", "fsdp", "tp"),
-    ("efsdp", "ep"),
-    ("ep", "etp"),
-    ("pp", "dp_replicate", "efsdp", "ep", "etp"),
-)
 FLAGS = (
     "dp_enabled", "dp_replicate_enabled", "dp_shard_enabled", "cp_enabled", "dp_cp_enabled",
     "fsdp_enabled", "tp_enabled", "pp_enabled", "ep_enabled", "etp_enabled",

@@ -1,10 +1,25 @@
-"""The torchtitan configurations both torchtitan-name test files sweep (one home)."""
+"""The torchtitan configurations and names both torchtitan-name test files sweep (one home)."""
 
 from __future__ import annotations
 
 import itertools
 
 DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
+
+#: torchtitan's single-dim names in the vendored version (its ``_meshes``).
+TITAN = ("pp", "batch", "loss", "dp_replicate", "fsdp", "cp", "tp", "ep", "efsdp", "etp")
+#: Multi-dim requests inside one of torchtitan's global meshes, in their order there.
+COMBOS = (
+    ("dp_replicate", "fsdp"),
+    ("dp_replicate", "efsdp"),
+    ("pp", "tp"),
+    ("batch", "cp"),
+    ("pp", "batch", "cp", "tp"),
+    ("dp_replicate", "fsdp", "tp"),
+    ("efsdp", "ep"),
+    ("ep", "etp"),
+    ("pp", "dp_replicate", "efsdp", "ep", "etp"),
+)
 
 #: Beyond the 2^5 grid: odd sizes, and larger worlds that only the fake backend runs.
 ODD_SIZES = (
