@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from . import cli_checkpoint, cli_plan, cli_reshard, render
+from . import cli_checkpoint, cli_plan, cli_reshard, cli_transfer, render
 from .cli_args import (
     ArgError,
     build_mesh,
@@ -349,6 +349,9 @@ COMMANDS: dict[str, Command] = {
     ),
     "reshard": Command(
         cli_reshard.HELP, cli_reshard.add_arguments, cli_reshard.run, cli_reshard.EPILOG
+    ),
+    "transfer": Command(
+        cli_transfer.HELP, cli_transfer.add_arguments, cli_transfer.run, cli_transfer.EPILOG
     ),
     "demo": Command(
         "train a small TP + FSDP2 model on local gloo processes and check it",

@@ -13,6 +13,8 @@ range(2048, 2112)
 {0: ('dp', 'tp'), 1: ('cp',)}
 >>> parse_unflatten("dp=2x2:rep,shard")
 ('dp', (2, 2), ('rep', 'shard'))
+>>> parse_size("256MiB")
+268435456
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .sharding import REDUCE_OPS, Partial, Placement, Replicate, Shard, Sharding
 
 __all__ = [
     "INT64_MAX",
+    "SIZE_UNITS",
     "ArgError",
     "build_mesh",
     "int_arg",
@@ -39,6 +42,7 @@ __all__ = [
     "parse_placements",
     "parse_ranks",
     "parse_shard_order",
+    "parse_size",
     "parse_unflatten",
     "range_length",
     "shown",
@@ -136,6 +140,63 @@ def parse_int(text: str, what: str, *, minimum: int | None = None, maximum: int 
     if value > maximum:
         suffix = " (int64)" if maximum == INT64_MAX else ""
         raise ArgError(f"{what}: {value} is more than {maximum}{suffix}")
+    return value
+
+
+#: Bytes per unit of :func:`parse_size` (unit names are case-insensitive).
+SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+_SIZE_RE = re.compile(r"([0-9]+)(?:\.([0-9]+))?\s*([A-Za-z]*)")
+
+
+def parse_size(
+    text: str, what: str = "--size", *, minimum: int = 1, maximum: int = INT64_MAX
+) -> int:
+    """A byte count: ``"4096"``, ``"256MiB"``, ``"1.5 GiB"``, ``"2GB"`` (units of :data:`SIZE_UNITS`).
+
+    KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB powers of 1000, B or no unit
+    bytes; units are case-insensitive. A fraction must come to whole bytes. The
+    result lies in ``[minimum, maximum]``; anything else is an :class:`ArgError`
+    naming ``what``.
+
+    >>> parse_size("1.5 GiB"), parse_size("2GB"), parse_size("512")
+    (1610612736, 2000000000, 512)
+    >>> parse_size("1.5B", "--bucket")
+    Traceback (most recent call last):
+    ...
+    meshlayout.cli_args.ArgError: --bucket: '1.5B' is not a whole number of bytes
+    """
+    body = text.strip()
+    m = _SIZE_RE.fullmatch(body)
+    if not m or len(body) > _MAX_DIGITS:
+        raise ArgError(
+            f"{what}: {shown(text)} is not a size (expected e.g. 4096, 256MiB, 1.5GiB, 2GB)"
+        )
+    whole, frac, unit = m.group(1), m.group(2) or "", m.group(3).lower()
+    if unit not in SIZE_UNITS:
+        raise ArgError(
+            f"{what}: unknown unit {m.group(3)!r} in {shown(text)} "
+            "(use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
+        )
+    numerator = int(whole + frac) * SIZE_UNITS[unit]
+    scale: int = 10 ** len(frac)
+    value, rest = divmod(numerator, scale)
+    if rest:
+        raise ArgError(f"{what}: {shown(text)} is not a whole number of bytes")
+    if value < minimum:
+        raise ArgError(f"{what}: must be at least {minimum} bytes, got {shown(text)}")
+    if value > maximum:
+        raise ArgError(f"{what}: {shown(text)} is {value} bytes, more than {maximum}")
     return value
 
 

@@ -8,11 +8,15 @@
   row) and every box it receives filled in its sender's colour; local copies are
   dashed.
 - :func:`reshard_picture` stacks both; :func:`reshard_svg` is its SVG document.
+
+The heat map itself is generic: :func:`binned_traffic` bins any (src, dst, amount)
+columns and :func:`traffic_matrix_picture` draws them (``meshlayout transfer``
+draws a whole model's bytes with it, :mod:`meshlayout.render.transfer_svg`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +26,17 @@ from ..sharding import ReshardPlan, Transfer, run_boxes
 from ._fmt import range_label
 from ._svg import Svg, Swatch, fill_colour, stack, stroke_colour
 
-__all__ = ["receive_picture", "reshard_picture", "reshard_svg", "short_count", "traffic_picture"]
+__all__ = [
+    "Traffic",
+    "binned_traffic",
+    "receive_picture",
+    "reshard_picture",
+    "reshard_svg",
+    "short_count",
+    "traffic_legend",
+    "traffic_matrix_picture",
+    "traffic_picture",
+]
 
 MARGIN = 16
 LINE_H = 16
@@ -62,50 +76,86 @@ def _shade(value: int, top: int) -> str:
 
 
 @dataclass(frozen=True)
-class _Traffic:
-    """The traffic matrix binned for drawing: rank bins per axis, elements sent and kept."""
+class Traffic:
+    """A traffic matrix binned for drawing: rank bins per axis, amounts sent and kept.
+
+    ``unit`` names the amount in tooltips (``elements``, ``bytes``); ``short``
+    writes it in a cell (at most about 5 characters).
+    """
 
     rows: list[list[int]]
     cols: list[list[int]]
     sent: Any
     kept: Any
+    unit: str = "elements"
+    short: Callable[[int], str] = short_count
 
     @property
     def top(self) -> int:
-        """The most elements one cell sends (0 if nothing is sent)."""
+        """The most one cell sends (0 if nothing is sent)."""
         return int(self.sent.max()) if self.sent.size else 0
 
+    @property
+    def binned(self) -> bool:
+        """Whether some bin merges several ranks."""
+        return any(len(m) > 1 for m in self.rows) or any(len(m) > 1 for m in self.cols)
 
-def _binned_traffic(plan: ReshardPlan, max_cells: int) -> _Traffic:
-    """Elements sent and kept per (source bin, destination bin)."""
-    rows, row_of = _bins(plan.src_ranks, max_cells)
-    cols, col_of = _bins(plan.dst_ranks, max_cells)
-    arrays = plan.arrays()
-    src_pos = np.searchsorted(np.array(plan.src_ranks, dtype=np.int64), arrays["src"])
-    dst_pos = np.searchsorted(np.array(plan.dst_ranks, dtype=np.int64), arrays["dst"])
-    local = arrays["src"] == arrays["dst"]
+    @property
+    def shade_swatch(self) -> Swatch:
+        """The legend swatch of the darkest cell."""
+        return (_shade(self.top, self.top or 1), "#999", None)
+
+
+def binned_traffic(
+    src_ranks: Sequence[int],
+    dst_ranks: Sequence[int],
+    columns: tuple[Any, Any, Any],
+    max_cells: int,
+    *,
+    unit: str = "elements",
+    short: Callable[[int], str] = short_count,
+) -> Traffic:
+    """Amounts sent and kept per (source bin, destination bin).
+
+    ``src_ranks``/``dst_ranks``: sorted global ranks (the axes); ``columns``: int64
+    arrays (src rank, dst rank, amount) per transfer, local copies (src == dst)
+    included; past ``max_cells`` ranks per axis, consecutive ranks share a bin.
+    """
+    src, dst, amount = (np.asarray(c, dtype=np.int64) for c in columns)
+    rows, row_of = _bins(src_ranks, max_cells)
+    cols, col_of = _bins(dst_ranks, max_cells)
+    src_pos = np.searchsorted(np.array(src_ranks, dtype=np.int64), src)
+    dst_pos = np.searchsorted(np.array(dst_ranks, dtype=np.int64), dst)
+    local = src == dst
     sent = np.zeros((len(rows), len(cols)), dtype=np.int64)
     kept = np.zeros_like(sent)
     if len(local):
-        np.add.at(sent, (row_of[src_pos[~local]], col_of[dst_pos[~local]]), arrays["numel"][~local])
-        np.add.at(kept, (row_of[src_pos[local]], col_of[dst_pos[local]]), arrays["numel"][local])
-    return _Traffic(rows, cols, sent, kept)
+        np.add.at(sent, (row_of[src_pos[~local]], col_of[dst_pos[~local]]), amount[~local])
+        np.add.at(kept, (row_of[src_pos[local]], col_of[dst_pos[local]]), amount[local])
+    return Traffic(rows, cols, sent, kept, unit, short)
 
 
-def _traffic_notes(
-    plan: ReshardPlan, traffic: _Traffic, binned: bool
-) -> list[tuple[str, Swatch | None]]:
-    """The legend under the heat map: the darkest shade, local copies, bins, totals."""
-    top = traffic.top
+def _binned_traffic(plan: ReshardPlan, max_cells: int) -> Traffic:
+    """Elements sent and kept per (source bin, destination bin) of a reshard plan."""
+    arrays = plan.arrays()
+    columns = (arrays["src"], arrays["dst"], arrays["numel"])
+    return binned_traffic(plan.src_ranks, plan.dst_ranks, columns, max_cells)
+
+
+def traffic_legend(traffic: Traffic, darkest: str) -> list[tuple[str, Swatch | None]]:
+    """The first legend lines under a heat map: the darkest shade, local copies, bins."""
     notes: list[tuple[str, Swatch | None]] = [
-        (
-            f"darkest: {top} elements" if top else "nothing is sent",
-            (_shade(top, top or 1), "#999", None),
-        ),
+        (f"darkest: {darkest}" if traffic.top else "nothing is sent", traffic.shade_swatch),
         ("local copy (kept, not sent)", ("white", LOCAL_STROKE, "4,2")),
     ]
-    if binned:
+    if traffic.binned:
         notes.append(("consecutive ranks merged into bins (labels: rank ranges)", None))
+    return notes
+
+
+def _traffic_notes(plan: ReshardPlan, traffic: Traffic) -> list[tuple[str, Swatch | None]]:
+    """The legend under the heat map: the darkest shade, local copies, bins, totals."""
+    notes = traffic_legend(traffic, f"{traffic.top} elements")
     s = plan.summary()
     notes.append(
         (
@@ -135,10 +185,11 @@ def _traffic_cell(
     dst: list[int],
     n: int,
     k: int,
-    top: int,
+    traffic: Traffic,
 ) -> None:
-    """One cell: shaded by the ``n`` elements sent, outlined if ``k`` are kept locally."""
-    tip = f"rank {range_label(src)} -> rank {range_label(dst)}: {n} elements"
+    """One cell: shaded by the amount ``n`` sent, outlined if ``k`` are kept locally."""
+    top, short = traffic.top, traffic.short
+    tip = f"rank {range_label(src)} -> rank {range_label(dst)}: {n} {traffic.unit}"
     if k:
         tip += f"; {k} kept locally"
     svg.rect(x, y, cell, cell, tip, fill=_shade(n, top or 1), stroke="#ddd", class_="cell")
@@ -154,7 +205,7 @@ def _traffic_cell(
             stroke_dasharray="4,2",
             class_="local",
         )
-    label = short_count(n) if n else (f"({short_count(k)})" if k else "")
+    label = short(n) if n else (f"({short(k)})" if k else "")
     if label and cell >= 7 * len(label) + 4 and cell >= 16:
         dark = n and n / (top or 1) > 0.45
         svg.text(
@@ -167,7 +218,7 @@ def _traffic_cell(
         )
 
 
-def _traffic_rows(svg: Svg, traffic: _Traffic, left: float, top_y: float, cell: float) -> None:
+def _traffic_rows(svg: Svg, traffic: Traffic, left: float, top_y: float, cell: float) -> None:
     """Every row of the heat map: its source rank range (every few rows) and its cells."""
     every_row = max(1, int(np.ceil(12 / cell)))
     for i, members in enumerate(traffic.rows):
@@ -178,7 +229,29 @@ def _traffic_rows(svg: Svg, traffic: _Traffic, left: float, top_y: float, cell: 
             )
         for j, dst_members in enumerate(traffic.cols):
             n, k = int(traffic.sent[i, j]), int(traffic.kept[i, j])
-            _traffic_cell(svg, left + j * cell, y, cell, members, dst_members, n, k, traffic.top)
+            _traffic_cell(svg, left + j * cell, y, cell, members, dst_members, n, k, traffic)
+
+
+def traffic_matrix_picture(
+    traffic: Traffic, head: str, notes: Sequence[tuple[str, Swatch | None]]
+) -> Svg:
+    """A binned traffic matrix as a heat map under ``head``, with ``notes`` as its legend."""
+    rows, cols = traffic.rows, traffic.cols
+    cell = max(6.0, min(40.0, 520.0 / max(len(rows), len(cols), 1)))
+    label_w = 7 * max([len(range_label(m)) for m in rows] + [3]) + 8
+    left = MARGIN + label_w
+    top_y = MARGIN + 44
+    width = max(left + cell * len(cols), 8.2 * len(head), 7 * max(len(t) for t, _ in notes) + 40)
+    height = top_y + cell * len(rows) + 20 + LINE_H * len(notes) + MARGIN
+    svg = Svg(width + 2 * MARGIN, height)
+    svg.parts.append("<style>rect.cell:hover{stroke:#000;stroke-width:2}</style>")
+    svg.text(MARGIN, MARGIN + 8, head, font_size=13, font_weight="bold")
+    svg.text(MARGIN, MARGIN + 24, "source \\ destination", fill="#555")
+    _column_labels(svg, cols, left, top_y, cell)
+    _traffic_rows(svg, traffic, left, top_y, cell)
+    end = svg.legend(MARGIN, top_y + cell * len(rows) + 22, notes, LINE_H)
+    svg.height = end - LINE_H + MARGIN
+    return svg
 
 
 def traffic_picture(plan: ReshardPlan, *, max_cells: int = 48, title: str | None = None) -> Svg:
@@ -195,25 +268,8 @@ def traffic_picture(plan: ReshardPlan, *, max_cells: int = 48, title: str | None
     if max_cells < 1:
         raise ValueError(f"max_cells must be >= 1, got {max_cells}")
     traffic = _binned_traffic(plan, max_cells)
-    rows, cols = traffic.rows, traffic.cols
-    cell = max(6.0, min(40.0, 520.0 / max(len(rows), len(cols), 1)))
-    label_w = 7 * max([len(range_label(m)) for m in rows] + [3]) + 8
-    left = MARGIN + label_w
-    top_y = MARGIN + 44
-    binned = len(rows) < len(plan.src_ranks) or len(cols) < len(plan.dst_ranks)
     head = title or "elements sent: source rank (rows) -> destination rank (columns)"
-    notes = _traffic_notes(plan, traffic, binned)
-    width = max(left + cell * len(cols), 8.2 * len(head), 7 * max(len(t) for t, _ in notes) + 40)
-    height = top_y + cell * len(rows) + 20 + LINE_H * len(notes) + MARGIN
-    svg = Svg(width + 2 * MARGIN, height)
-    svg.parts.append("<style>rect.cell:hover{stroke:#000;stroke-width:2}</style>")
-    svg.text(MARGIN, MARGIN + 8, head, font_size=13, font_weight="bold")
-    svg.text(MARGIN, MARGIN + 24, "source \\ destination", fill="#555")
-    _column_labels(svg, cols, left, top_y, cell)
-    _traffic_rows(svg, traffic, left, top_y, cell)
-    end = svg.legend(MARGIN, top_y + cell * len(rows) + 22, notes, LINE_H)
-    svg.height = end - LINE_H + MARGIN
-    return svg
+    return traffic_matrix_picture(traffic, head, _traffic_notes(plan, traffic))
 
 
 def _drawn_dims(shape: tuple[int, ...]) -> tuple[int | None, int | None]:

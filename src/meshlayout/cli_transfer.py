@@ -1,0 +1,570 @@
+"""``meshlayout transfer``: plan moving a whole model between two parallel layouts, before launch.
+
+The model's tensors come from what users have, headers only
+(:mod:`meshlayout.cli_model_tensors`: safetensors, a DCP checkpoint, a JSON list);
+each side is a mesh on global ranks plus placement rules by name pattern
+(:mod:`meshlayout.cli_rules`). The plan is :func:`meshlayout.sharding.transfer_plan`
+(DESIGN section 8), the one ``meshlayout.torch.WeightTransfer`` runs. Printed: bytes
+moved against gather-then-broadcast, rounds for the ``--bucket`` size against their
+lower bound, the busiest ranks, bytes across hosts, the byte matrix, the largest
+tensors; ``--format json`` the whole report (``docs/cli.md``), ``--svg``/``--html``
+the rank-to-rank byte matrix (:mod:`meshlayout.render.transfer_svg`). User mistakes
+raise :class:`~meshlayout.cli_args.ArgError` (exit 2, one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .cli_args import ArgError, build_mesh, int_arg, one_line, parse_size, shown, user_input
+from .cli_model_tensors import DTYPES, TensorInfo, dtype_name, read_tensors
+from .cli_rules import Layout, layout_model, parse_rules
+from .mesh import Mesh
+from .render import Section, TooLargeError, check_size, html_page, placement_text, ranks_text
+from .render._fmt import table
+from .render.transfer_svg import byte_text, transfer_picture
+
+__all__ = ["EPILOG", "HELP", "SCHEMA", "add_arguments", "run", "transfer_report", "transfer_text"]
+
+HELP = "plan moving a whole model between two layouts: bytes, rounds, hosts, vs gather-broadcast"
+
+EPILOG = """\
+examples:
+  meshlayout transfer docs/llama-tiny.json --src-mesh dp=2,tp=2 --src-ranks 0:4 \\
+      --src-rules "*.q_proj.weight,*.k_proj.weight,*.v_proj.weight,*.gate_proj.weight,\\
+*.up_proj.weight,*.lm_head.weight,*.embed_tokens.weight: SS(0,2),S(0); *.o_proj.weight,\\
+*.down_proj.weight: S(0),S(1)" --src-default "S(0),R" \\
+      --dst-mesh tp=2 --dst-ranks 4:6 --dst-rules "*.q_proj.weight,*.k_proj.weight,\\
+*.v_proj.weight,*.gate_proj.weight,*.up_proj.weight,*.lm_head.weight,*.embed_tokens.weight: \\
+S(0); *.o_proj.weight,*.down_proj.weight: S(1)" --dst-dtype bfloat16 --ranks-per-host 4
+  meshlayout transfer model/ --src-mesh dp=8 --src-default "S(0)" --dst-mesh tp=8 \\
+      --dst-ranks 8:16 --dst-rules "*proj.weight: S(0)" --bucket 1GiB --format json
+  meshlayout transfer ckpt/step-100 --src-mesh dp=4 --src-default "S(0)" \\
+      --dst-mesh dp=2 --dst-default "S(0)" --svg transfer.svg
+
+MODEL: a .safetensors file, a directory of them (with or without
+model.safetensors.index.json), a DCP checkpoint directory (.metadata; needs torch),
+or a JSON list [{"name": ..., "shape": [...], "dtype": "bfloat16"}, ...] (or an
+object name -> {"shape", "dtype"}). Only headers are read.
+
+rules (--src-rules / --dst-rules, repeatable):
+  RULES := PATTERNS: PLACEMENTS [; PATTERNS: PLACEMENTS ...]
+  PATTERNS: fnmatch patterns separated by ',' (case-sensitive); PLACEMENTS: one per
+  mesh dim, S(d), SS(d,sf), R. A tensor takes the first matching rule, else
+  --X-default (default: R on every mesh dim). A placement that does not fit a
+  tensor (S(1) on a 1-D bias) is an error naming the tensor and the rule.
+--bucket: bytes each rank may send (and receive) per round: 4096, 256MiB, 1GiB,
+  2GB (default 256MiB). --dst-dtype: the dtype on the wire and at the destination
+  (default: each tensor's stored dtype).
+"""
+
+SCHEMA = "meshlayout.transfer/1"
+DEFAULT_BUCKET = "256MiB"
+_ROWS_HEAD, _ROWS_TAIL = 12, 2
+_COLS_HEAD, _COLS_TAIL = 8, 2
+
+
+def _file_name(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a file name, got {shown(text)}")
+    return text
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``meshlayout transfer``."""
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="safetensors file or directory, DCP checkpoint directory, or JSON tensor list",
+    )
+    for side, what in (("src", "source"), ("dst", "destination")):
+        p.add_argument(
+            f"--{side}-mesh", required=True, help=f"{what} mesh dims: NAME=SIZE,... (or SIZE,...)"
+        )
+        p.add_argument(f"--{side}-ranks", help=f"{what} global ranks: START:STOP[:STEP] or R,R,...")
+        p.add_argument(
+            f"--{side}-rules",
+            action="append",
+            metavar="RULES",
+            help=f'{what} placements by name: "PATTERN,...: PLACEMENTS; ..." (repeatable)',
+        )
+        p.add_argument(
+            f"--{side}-default",
+            metavar="PLACEMENTS",
+            help=f"{what} placements of tensors no rule matches (default: R on every dim)",
+        )
+    p.add_argument(
+        "--dst-dtype", metavar="DTYPE", help="dtype on the wire and at the destination, e.g. bf16"
+    )
+    p.add_argument(
+        "--bucket",
+        default=DEFAULT_BUCKET,
+        metavar="SIZE",
+        help=f"bytes per rank per round, each way (default {DEFAULT_BUCKET})",
+    )
+    p.add_argument(
+        "--ranks-per-host",
+        type=int_arg(minimum=1),
+        metavar="N",
+        help="ranks [k*N, (k+1)*N) form host k: prefer same-host senders, count cross-host bytes",
+    )
+    p.add_argument(
+        "--largest",
+        type=int_arg(minimum=0, maximum=10**6),
+        default=5,
+        metavar="N",
+        help="list the N largest tensors (default 5)",
+    )
+    p.add_argument(
+        "--format", choices=("text", "json"), default="text", help="stdout format (default text)"
+    )
+    p.add_argument("--svg", metavar="FILE", type=_file_name, help="also write an SVG picture")
+    p.add_argument(
+        "--html", metavar="FILE", type=_file_name, help="also write a self-contained HTML page"
+    )
+
+
+@contextmanager
+def _too_large(flag: str) -> Iterator[None]:
+    try:
+        yield
+    except TooLargeError as exc:
+        raise ArgError(f"{flag}: {exc}") from None
+
+
+# ---------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class Side:
+    """One side of the transfer: its mesh, global ranks (sorted), and every tensor's spec."""
+
+    mesh: Mesh
+    ranks: tuple[int, ...]
+    layout: Layout
+
+
+@dataclass(frozen=True)
+class TransferInputs:
+    """Everything the plan and the report are made from."""
+
+    model: str
+    kind: str
+    tensors: tuple[TensorInfo, ...]
+    src: Side
+    dst: Side
+    wire_dtype: str | None
+    bucket_bytes: int
+    ranks_per_host: int | None
+
+    def itemsize(self, t: TensorInfo) -> int:
+        """Bytes per element of ``t`` on the wire (the destination dtype's)."""
+        return DTYPES[self.wire_dtype or t.dtype]
+
+
+def _read_model(path: str) -> tuple[str, tuple[TensorInfo, ...]]:
+    try:
+        return read_tensors(path)
+    except (OSError, ValueError) as exc:
+        text = str(exc) if not isinstance(exc, OSError) or exc.args[1:] == () else None
+        reason = text or f"{getattr(exc, 'strerror', None) or exc} ({shown(path)})"
+        raise ArgError(f"MODEL: {one_line(reason.strip().splitlines()[0])}") from None
+
+
+def _side(args: argparse.Namespace, tensors: Sequence[TensorInfo], side: str) -> Side:
+    mesh_flag, ranks_flag = f"--{side}-mesh", f"--{side}-ranks"
+    mesh = build_mesh(
+        getattr(args, f"{side}_mesh"),
+        getattr(args, f"{side}_ranks"),
+        shape_flag=mesh_flag,
+        ranks_flag=ranks_flag,
+    )
+    with _too_large(f"{mesh_flag} {shown(getattr(args, f'{side}_mesh'))}"):
+        check_size(len(mesh.rank_map), "a transfer plan looks at every rank")
+    rules = parse_rules(getattr(args, f"{side}_rules") or [], f"--{side}-rules")
+    layout = layout_model(
+        tensors,
+        mesh,
+        rules,
+        getattr(args, f"{side}_default"),
+        flags=(f"--{side}-rules", f"--{side}-default", mesh_flag),
+    )
+    return Side(mesh, tuple(sorted(int(r) for r in mesh.rank_map)), layout)
+
+
+def transfer_inputs(args: argparse.Namespace) -> TransferInputs:
+    """Parse every flag (one-line :class:`ArgError` naming the flag on any mistake)."""
+    bucket = parse_size(args.bucket, "--bucket")
+    wire = None
+    if args.dst_dtype is not None:
+        with user_input("--dst-dtype", args.dst_dtype):
+            wire = dtype_name(args.dst_dtype)
+    kind, tensors = _read_model(args.model)
+    src = _side(args, tensors, "src")
+    dst = _side(args, tensors, "dst")
+    return TransferInputs(args.model, kind, tensors, src, dst, wire, bucket, args.ranks_per_host)
+
+
+def build_plan(inputs: TransferInputs) -> Any:
+    """:func:`meshlayout.sharding.transfer_plan` of the inputs."""
+    from .sharding import transfer_plan
+
+    itemsizes = {t.name: inputs.itemsize(t) for t in inputs.tensors}
+    with user_input("MODEL/--src-*/--dst-*/--bucket"):
+        return transfer_plan(
+            dict(inputs.src.layout.specs),
+            dict(inputs.dst.layout.specs),
+            itemsizes,
+            bucket_bytes=inputs.bucket_bytes,
+            ranks_per_host=inputs.ranks_per_host,
+        )
+
+
+# ---------------------------------------------------------------------- the numbers
+@dataclass(frozen=True)
+class _Columns:
+    """Every transfer of the plan as int64 columns (round, tensor index, src, dst, bytes)."""
+
+    round: Any
+    tensor: Any
+    src: Any
+    dst: Any
+    nbytes: Any
+
+    @classmethod
+    def of(cls, plan: Any, inputs: TransferInputs) -> _Columns:
+        index = {t.name: i for i, t in enumerate(inputs.tensors)}
+        item = [inputs.itemsize(t) for t in inputs.tensors]
+        rows: list[tuple[int, int, int, int, int]] = []
+        for r in range(len(plan.rounds)):
+            for name, s, d, box in plan.round(r).transfers:
+                i = index[name]
+                rows.append((r, i, int(s), int(d), math.prod(b - a for a, b in box) * item[i]))
+        data = np.array(rows, dtype=np.int64).reshape(-1, 5)
+        return cls(*(data[:, k] for k in range(5)))
+
+
+def _per_rank_max(ranks: Any, amounts: Any) -> tuple[int, int | None]:
+    """(largest per-rank total, the lowest rank with it); (0, None) when nothing."""
+    if not len(ranks):
+        return 0, None
+    keys, inverse = np.unique(ranks, return_inverse=True)
+    totals = np.zeros(len(keys), dtype=np.int64)
+    np.add.at(totals, inverse.reshape(-1), amounts)
+    i = int(np.argmax(totals))
+    return int(totals[i]), int(keys[i])
+
+
+def _round_max(c: _Columns, ranks: Any) -> int:
+    """The most one rank sends (or receives) in one round."""
+    if not len(ranks):
+        return 0
+    _, inverse = np.unique(np.stack([c.round, ranks], axis=1), axis=0, return_inverse=True)
+    totals = np.zeros(int(inverse.max()) + 1, dtype=np.int64)
+    np.add.at(totals, inverse.reshape(-1), c.nbytes)
+    return int(totals.max())
+
+
+def _pairs(c: _Columns) -> list[list[int]]:
+    """``[src, dst, bytes]`` per pair that sends anything, sorted."""
+    if not len(c.src):
+        return []
+    pairs, inverse = np.unique(np.stack([c.src, c.dst], axis=1), axis=0, return_inverse=True)
+    totals = np.zeros(len(pairs), dtype=np.int64)
+    np.add.at(totals, inverse.reshape(-1), c.nbytes)
+    return [[int(a), int(b), int(n)] for (a, b), n in zip(pairs.tolist(), totals.tolist())]
+
+
+def _gather_broadcast(inputs: TransferInputs, plan_summary: dict[str, Any]) -> int:
+    """Bytes of gather-then-broadcast (the plan's own figure)."""
+    for key in ("gather_broadcast_bytes", "gather_bytes", "broadcast_bytes"):
+        if key in plan_summary:
+            return int(plan_summary[key])
+    raise KeyError(
+        f"transfer_plan summary has no gather-then-broadcast bytes: {list(plan_summary)}"
+    )
+
+
+def _delivered(inputs: TransferInputs) -> int:
+    """Bytes of every destination piece: moved plus what destination ranks already hold."""
+    total = 0
+    for t in inputs.tensors:
+        spec = inputs.dst.layout.specs[t.name]
+        held = sum(math.prod(spec.local_shape(r)) for r in inputs.dst.ranks)
+        total += held * inputs.itemsize(t)
+    return total
+
+
+def _summary(inputs: TransferInputs, plan: Any, c: _Columns) -> dict[str, Any]:
+    """The report's summary: totals, rounds, busiest ranks, hosts, the comparison."""
+    moved_mask = c.src != c.dst
+    moved = int(c.nbytes[moved_mask].sum())
+    kept = _delivered(inputs) - moved
+    sent = _Columns(*(x[moved_mask] for x in (c.round, c.tensor, c.src, c.dst, c.nbytes)))
+    max_send, send_rank = _per_rank_max(sent.src, sent.nbytes)
+    max_recv, recv_rank = _per_rank_max(sent.dst, sent.nbytes)
+    rph = inputs.ranks_per_host
+    across = None
+    if rph is not None:
+        across = int(sent.nbytes[(sent.src // rph) != (sent.dst // rph)].sum())
+    plan_summary = dict(plan.summary())
+    gather = _gather_broadcast(inputs, plan_summary)
+    total = sum(t.numel * inputs.itemsize(t) for t in inputs.tensors)
+    return {
+        "tensors": len(inputs.tensors),
+        "elements": sum(t.numel for t in inputs.tensors),
+        "bytes": total,
+        "stored_bytes": sum(t.nbytes for t in inputs.tensors),
+        "bytes_moved": moved,
+        "local_copy_bytes": kept,
+        "transfers": int(moved_mask.sum()),
+        "gather_broadcast_bytes": gather,
+        "gather_broadcast_ratio": gather / moved if moved else None,
+        "bucket_bytes": inputs.bucket_bytes,
+        "rounds": len(plan.rounds),
+        "rounds_lower_bound": -(-max(max_send, max_recv) // inputs.bucket_bytes),
+        "max_round_send_bytes": _round_max(sent, sent.src),
+        "max_round_recv_bytes": _round_max(sent, sent.dst),
+        "max_send_bytes": max_send,
+        "max_send_rank": send_rank,
+        "max_recv_bytes": max_recv,
+        "max_recv_rank": recv_rank,
+        "ranks_per_host": rph,
+        "across_host_bytes": across,
+    }
+
+
+def _side_report(side: Side, label: str) -> dict[str, Any]:
+    mesh, layout = side.mesh, side.layout
+    counts = [0] * (len(layout.rules) + 1)
+    for i in layout.rule_of.values():
+        counts[-1 if i is None else i] += 1
+    return {
+        "mesh": ",".join(f"{n}={s}" for n, s in zip(mesh.names, mesh.shape)),
+        "names": list(mesh.names),
+        "sizes": list(mesh.shape),
+        "ranks": [int(r) for r in mesh.rank_map],
+        "rules": [
+            {
+                "patterns": list(r.patterns),
+                "placements": [placement_text(p) for p in r.placements],
+                "tensors": n,
+            }
+            for r, n in zip(layout.rules, counts)
+        ],
+        "default": [placement_text(p) for p in layout.default],
+        "default_tensors": counts[-1],
+        "label": label,
+    }
+
+
+def _tensor_rows(inputs: TransferInputs, c: _Columns) -> list[dict[str, Any]]:
+    moved = np.zeros(len(inputs.tensors), dtype=np.int64)
+    mask = c.src != c.dst
+    np.add.at(moved, c.tensor[mask], c.nbytes[mask])
+    out = []
+    for i, t in enumerate(inputs.tensors):
+        src_spec, dst_spec = inputs.src.layout.specs[t.name], inputs.dst.layout.specs[t.name]
+        out.append(
+            {
+                "name": t.name,
+                "shape": list(t.shape),
+                "dtype": t.dtype,
+                "wire_dtype": inputs.wire_dtype or t.dtype,
+                "bytes": t.numel * inputs.itemsize(t),
+                "bytes_moved": int(moved[i]),
+                "src_placements": [placement_text(p) for p in src_spec.placements()],
+                "dst_placements": [placement_text(p) for p in dst_spec.placements()],
+                "src_rule": inputs.src.layout.rule_of[t.name],
+                "dst_rule": inputs.dst.layout.rule_of[t.name],
+            }
+        )
+    return out
+
+
+def _notes(inputs: TransferInputs) -> list[str]:
+    notes = []
+    for flag, side in (("--src-rules", inputs.src), ("--dst-rules", inputs.dst)):
+        for i in side.layout.unused_rules():
+            rule = side.layout.rules[i]
+            notes.append(f"{flag} rule {i + 1} ({rule.text}) matches no tensor it could take")
+    return notes
+
+
+def transfer_report(inputs: TransferInputs, plan: Any) -> dict[str, Any]:
+    """The JSON report (``"schema": "meshlayout.transfer/1"``, keys in ``docs/cli.md``)."""
+    c = _Columns.of(plan, inputs)
+    moved = c.src != c.dst
+    rounds = []
+    for r in range(len(plan.rounds)):
+        here = moved & (c.round == r)
+        sel = _Columns(*(x[here] for x in (c.round, c.tensor, c.src, c.dst, c.nbytes)))
+        rounds.append(
+            [
+                int(here.sum()),
+                int(sel.nbytes.sum()),
+                _per_rank_max(sel.src, sel.nbytes)[0],
+                _per_rank_max(sel.dst, sel.nbytes)[0],
+            ]
+        )
+    sent = _Columns(*(x[moved] for x in (c.round, c.tensor, c.src, c.dst, c.nbytes)))
+    return {
+        "schema": SCHEMA,
+        "model": {"path": inputs.model, "kind": inputs.kind},
+        "src": _side_report(inputs.src, "source"),
+        "dst": _side_report(inputs.dst, "destination"),
+        "wire_dtype": inputs.wire_dtype,
+        "summary": _summary(inputs, plan, c),
+        "plan_summary": dict(plan.summary()),
+        "rounds": rounds,
+        "pairs": _pairs(sent),
+        "tensors": _tensor_rows(inputs, c),
+        "notes": _notes(inputs),
+    }
+
+
+# ---------------------------------------------------------------------- text
+def _abridged(ranks: Sequence[int], head: int, tail: int) -> list[int | None]:
+    if len(ranks) <= head + tail + 1:
+        return list(ranks)
+    return [*ranks[:head], None, *ranks[-tail:]]
+
+
+def _matrix_rows(report: dict[str, Any]) -> list[list[str]]:
+    rows = _abridged(sorted(set(report["src"]["ranks"])), _ROWS_HEAD, _ROWS_TAIL)
+    cols = _abridged(sorted(set(report["dst"]["ranks"])), _COLS_HEAD, _COLS_TAIL)
+    sent = {(s, d): n for s, d, n in report["pairs"]}
+    out = [["src\\dst", *("..." if d is None else str(d) for d in cols)]]
+    for r in rows:
+        if r is None:
+            out.append(["...", *("" for _ in cols)])
+            continue
+        line = [str(r)]
+        for d in cols:
+            n = sent.get((r, d), 0) if d is not None else None
+            line.append("..." if n is None else (byte_text(n) if n else "."))
+        out.append(line)
+    return out
+
+
+def _side_lines(side: dict[str, Any]) -> list[str]:
+    lines = [f"  {side['label']:<12} {side['mesh']} on ranks {ranks_text(side['ranks'])}"]
+    for i, rule in enumerate(side["rules"]):
+        placements = ",".join(rule["placements"])
+        lines.append(
+            f"    rule {i + 1}: {','.join(rule['patterns'])}: {placements}  ({rule['tensors']} tensors)"
+        )
+    lines.append(f"    default: {','.join(side['default'])}  ({side['default_tensors']} tensors)")
+    return lines
+
+
+def _largest(report: dict[str, Any], n: int) -> list[str]:
+    tensors = sorted(report["tensors"], key=lambda t: (-t["bytes"], t["name"]))[:n]
+    if not tensors:
+        return []
+    total = report["summary"]["bytes"] or 1
+    rows = [["tensor", "shape", "bytes", "share", "moved", "source", "destination"]]
+    for t in tensors:
+        rows.append(
+            [
+                t["name"],
+                "x".join(map(str, t["shape"])) or "()",
+                byte_text(t["bytes"]),
+                f"{100 * t['bytes'] / total:.1f}%",
+                byte_text(t["bytes_moved"]),
+                ",".join(t["src_placements"]),
+                ",".join(t["dst_placements"]),
+            ]
+        )
+    share = sum(t["bytes"] for t in tensors) / total
+    head = f"largest tensors ({len(tensors)} of {len(report['tensors'])}: {100 * share:.1f}% of the bytes)"
+    return ["", head, table(rows, indent="  ")]
+
+
+def transfer_text(report: dict[str, Any], *, largest: int = 5) -> str:
+    """The plain-text report of :func:`transfer_report`."""
+    s = report["summary"]
+    dtypes = sorted({t["dtype"] for t in report["tensors"]})
+    wire = report["wire_dtype"]
+    as_what = (
+        f"as {wire} (stored {', '.join(dtypes)})" if wire else f"as stored ({', '.join(dtypes)})"
+    )
+    lines = [
+        f"transfer {s['tensors']} tensors, {s['elements']} elements: {byte_text(s['bytes'])} "
+        f"{as_what}, from {report['model']['kind']} {report['model']['path']}",
+        *_side_lines(report["src"]),
+        *_side_lines(report["dst"]),
+    ]
+    ratio = s["gather_broadcast_ratio"]
+    compare = f"{ratio:.2f}x the plan" if ratio else "nothing moves"
+    rows = [
+        [
+            "bytes moved",
+            f"{byte_text(s['bytes_moved'])} in {s['transfers']} pieces "
+            f"(kept locally: {byte_text(s['local_copy_bytes'])})",
+        ],
+        ["gather + broadcast", f"{byte_text(s['gather_broadcast_bytes'])}: {compare}"],
+        [
+            "rounds",
+            f"{s['rounds']} of at most {byte_text(s['bucket_bytes'])} per rank each way "
+            f"(lower bound {s['rounds_lower_bound']}; fullest: sends "
+            f"{byte_text(s['max_round_send_bytes'])}, receives {byte_text(s['max_round_recv_bytes'])})",
+        ],
+    ]
+    busiest = [
+        f"rank {s[f'max_{k}_rank']} {verb} {byte_text(s[f'max_{k}_bytes'])}"
+        for k, verb in (("send", "sends"), ("recv", "receives"))
+        if s[f"max_{k}_rank"] is not None
+    ]
+    rows.append(["busiest ranks", "; ".join(busiest) or "nothing is sent"])
+    if s["ranks_per_host"] is not None:
+        rows.append(
+            [
+                "across hosts",
+                f"{byte_text(s['across_host_bytes'])} ({s['ranks_per_host']} ranks per host)",
+            ]
+        )
+    lines += ["", table(rows)]
+    lines += ["", "bytes sent (rows: source rank, columns: destination rank)"]
+    lines.append(table(_matrix_rows(report), indent="  "))
+    lines += _largest(report, largest)
+    lines += [f"note: {n}" for n in report["notes"]]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- run
+def _picture(report: dict[str, Any], inputs: TransferInputs) -> Any:
+    s = report["summary"]
+    pairs = report["pairs"]
+    src, dst, nbytes = (np.array([p[k] for p in pairs], dtype=np.int64) for k in range(3))
+    ratio = s["gather_broadcast_ratio"]
+    totals = [
+        f"{byte_text(s['bytes_moved'])} moved in {s['rounds']} rounds of at most "
+        f"{byte_text(s['bucket_bytes'])}; gather + broadcast: "
+        f"{byte_text(s['gather_broadcast_bytes'])}" + (f" ({ratio:.2f}x)" if ratio else "")
+    ]
+    return transfer_picture(inputs.src.ranks, inputs.dst.ranks, (src, dst, nbytes), totals=totals)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``meshlayout transfer``: read the model, plan, print, write the pictures asked for."""
+    from .cli import _write, json_text  # the command's shared output helpers (cli imports us)
+
+    inputs = transfer_inputs(args)
+    plan = build_plan(inputs)
+    report = transfer_report(inputs, plan)
+    text = transfer_text(report, largest=args.largest)
+    if args.svg or args.html:
+        picture = _picture(report, inputs)
+        if args.svg:
+            _write("--svg", args.svg, picture.to_string())
+        if args.html:
+            section = Section("transfer plan", text=text, pictures=[picture])
+            _write("--html", args.html, html_page(f"meshlayout transfer: {args.model}", [section]))
+    print(json_text(report) if args.format == "json" else text)
+    return 0
