@@ -15,7 +15,6 @@ raise :class:`~meshlayout.cli_args.ArgError` (exit 2, one line).
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -226,51 +225,84 @@ def build_plan(inputs: TransferInputs) -> Any:
 
 
 # ---------------------------------------------------------------------- the numbers
+#: The plan's summary keys the report keeps (``TransferPlan.summary``; docs/cli.md).
+PLAN_KEYS = (
+    "bytes_moved",
+    "local_copy_bytes",
+    "bytes_delivered",
+    "transfers",
+    "bucket_bytes",
+    "rounds",
+    "rounds_lower_bound",
+    "max_round_send_bytes",
+    "max_round_recv_bytes",
+    "max_send_bytes",
+    "max_send_rank",
+    "max_recv_bytes",
+    "max_recv_rank",
+    "ranks_per_host",
+    "across_host_bytes",
+    "gather_broadcast_bytes",
+    "gather_broadcast_ratio",
+)
+
+
 @dataclass(frozen=True)
-class _Columns:
-    """Every transfer of the plan as int64 columns (round, tensor index, src, dst, bytes)."""
+class _Sent:
+    """The plan's sent pieces as int64 columns: round, tensor (index into the model), src,
+    dst, bytes; ``kept``: ``[rank, bytes]`` destination ranks keep (local copies)."""
 
     round: Any
     tensor: Any
     src: Any
     dst: Any
     nbytes: Any
+    kept: list[list[int]]
 
     @classmethod
-    def of(cls, plan: Any, inputs: TransferInputs) -> _Columns:
-        index = {t.name: i for i, t in enumerate(inputs.tensors)}
-        item = [inputs.itemsize(t) for t in inputs.tensors]
-        rows: list[tuple[int, int, int, int, int]] = []
-        for r in range(len(plan.rounds)):
-            for name, s, d, box in plan.round(r).transfers:
-                i = index[name]
-                rows.append((r, i, int(s), int(d), math.prod(b - a for a, b in box) * item[i]))
-        data = np.array(rows, dtype=np.int64).reshape(-1, 5)
-        return cls(*(data[:, k] for k in range(5)))
+    def of(cls, plan: Any, inputs: TransferInputs) -> _Sent:
+        ours = {t.name: i for i, t in enumerate(inputs.tensors)}
+        to_ours = np.array([ours[n] for n in plan.names], dtype=np.int64)
+        a = plan.arrays()
+        local = plan.local_arrays()
+        itemsize = np.array([inputs.itemsize(inputs.tensors[i]) for i in to_ours], dtype=np.int64)
+        local_bytes = np.prod(local["stop"] - local["start"], axis=1) * itemsize[local["tid"]]
+        ranks, inverse = np.unique(local["rank"], return_inverse=True)
+        per_rank = np.zeros(len(ranks), dtype=np.int64)
+        np.add.at(per_rank, inverse.reshape(-1), local_bytes)
+        kept = [[int(r), int(n)] for r, n in zip(ranks.tolist(), per_rank.tolist()) if n]
+        tensor = to_ours[a["tid"]] if len(a["tid"]) else np.zeros(0, dtype=np.int64)
+        return cls(a["round"], tensor, a["src"], a["dst"], a["nbytes"], kept)
 
 
-def _per_rank_max(ranks: Any, amounts: Any) -> tuple[int, int | None]:
-    """(largest per-rank total, the lowest rank with it); (0, None) when nothing."""
-    if not len(ranks):
-        return 0, None
-    keys, inverse = np.unique(ranks, return_inverse=True)
-    totals = np.zeros(len(keys), dtype=np.int64)
-    np.add.at(totals, inverse.reshape(-1), amounts)
-    i = int(np.argmax(totals))
-    return int(totals[i]), int(keys[i])
-
-
-def _round_max(c: _Columns, ranks: Any) -> int:
-    """The most one rank sends (or receives) in one round."""
+def _per_rank_max(ranks: Any, amounts: Any) -> int:
+    """The largest per-rank total (0 when nothing)."""
     if not len(ranks):
         return 0
-    _, inverse = np.unique(np.stack([c.round, ranks], axis=1), axis=0, return_inverse=True)
+    _, inverse = np.unique(ranks, return_inverse=True)
     totals = np.zeros(int(inverse.max()) + 1, dtype=np.int64)
-    np.add.at(totals, inverse.reshape(-1), c.nbytes)
+    np.add.at(totals, inverse.reshape(-1), amounts)
     return int(totals.max())
 
 
-def _pairs(c: _Columns) -> list[list[int]]:
+def _rounds(plan: Any, c: _Sent) -> list[list[int]]:
+    """Per round: ``[pieces, bytes, most one rank sends, most one rank receives]``."""
+    out = []
+    for r in range(len(plan.rounds)):
+        here = c.round == r
+        src, dst, nbytes = c.src[here], c.dst[here], c.nbytes[here]
+        out.append(
+            [
+                int(here.sum()),
+                int(nbytes.sum()),
+                _per_rank_max(src, nbytes),
+                _per_rank_max(dst, nbytes),
+            ]
+        )
+    return out
+
+
+def _pairs(c: _Sent) -> list[list[int]]:
     """``[src, dst, bytes]`` per pair that sends anything, sorted."""
     if not len(c.src):
         return []
@@ -280,62 +312,15 @@ def _pairs(c: _Columns) -> list[list[int]]:
     return [[int(a), int(b), int(n)] for (a, b), n in zip(pairs.tolist(), totals.tolist())]
 
 
-def _gather_broadcast(inputs: TransferInputs, plan_summary: dict[str, Any]) -> int:
-    """Bytes of gather-then-broadcast (the plan's own figure)."""
-    for key in ("gather_broadcast_bytes", "gather_bytes", "broadcast_bytes"):
-        if key in plan_summary:
-            return int(plan_summary[key])
-    raise KeyError(
-        f"transfer_plan summary has no gather-then-broadcast bytes: {list(plan_summary)}"
-    )
-
-
-def _delivered(inputs: TransferInputs) -> int:
-    """Bytes of every destination piece: moved plus what destination ranks already hold."""
-    total = 0
-    for t in inputs.tensors:
-        spec = inputs.dst.layout.specs[t.name]
-        held = sum(math.prod(spec.local_shape(r)) for r in inputs.dst.ranks)
-        total += held * inputs.itemsize(t)
-    return total
-
-
-def _summary(inputs: TransferInputs, plan: Any, c: _Columns) -> dict[str, Any]:
-    """The report's summary: totals, rounds, busiest ranks, hosts, the comparison."""
-    moved_mask = c.src != c.dst
-    moved = int(c.nbytes[moved_mask].sum())
-    kept = _delivered(inputs) - moved
-    sent = _Columns(*(x[moved_mask] for x in (c.round, c.tensor, c.src, c.dst, c.nbytes)))
-    max_send, send_rank = _per_rank_max(sent.src, sent.nbytes)
-    max_recv, recv_rank = _per_rank_max(sent.dst, sent.nbytes)
-    rph = inputs.ranks_per_host
-    across = None
-    if rph is not None:
-        across = int(sent.nbytes[(sent.src // rph) != (sent.dst // rph)].sum())
-    plan_summary = dict(plan.summary())
-    gather = _gather_broadcast(inputs, plan_summary)
-    total = sum(t.numel * inputs.itemsize(t) for t in inputs.tensors)
+def _summary(inputs: TransferInputs, plan: Any) -> dict[str, Any]:
+    """The model's totals, then the plan's (:data:`PLAN_KEYS`)."""
+    plan_summary = plan.summary()
     return {
         "tensors": len(inputs.tensors),
         "elements": sum(t.numel for t in inputs.tensors),
-        "bytes": total,
+        "bytes": sum(t.numel * inputs.itemsize(t) for t in inputs.tensors),
         "stored_bytes": sum(t.nbytes for t in inputs.tensors),
-        "bytes_moved": moved,
-        "local_copy_bytes": kept,
-        "transfers": int(moved_mask.sum()),
-        "gather_broadcast_bytes": gather,
-        "gather_broadcast_ratio": gather / moved if moved else None,
-        "bucket_bytes": inputs.bucket_bytes,
-        "rounds": len(plan.rounds),
-        "rounds_lower_bound": -(-max(max_send, max_recv) // inputs.bucket_bytes),
-        "max_round_send_bytes": _round_max(sent, sent.src),
-        "max_round_recv_bytes": _round_max(sent, sent.dst),
-        "max_send_bytes": max_send,
-        "max_send_rank": send_rank,
-        "max_recv_bytes": max_recv,
-        "max_recv_rank": recv_rank,
-        "ranks_per_host": rph,
-        "across_host_bytes": across,
+        **{k: plan_summary[k] for k in PLAN_KEYS},
     }
 
 
@@ -363,10 +348,9 @@ def _side_report(side: Side, label: str) -> dict[str, Any]:
     }
 
 
-def _tensor_rows(inputs: TransferInputs, c: _Columns) -> list[dict[str, Any]]:
+def _tensor_rows(inputs: TransferInputs, c: _Sent) -> list[dict[str, Any]]:
     moved = np.zeros(len(inputs.tensors), dtype=np.int64)
-    mask = c.src != c.dst
-    np.add.at(moved, c.tensor[mask], c.nbytes[mask])
+    np.add.at(moved, c.tensor, c.nbytes)
     out = []
     for i, t in enumerate(inputs.tensors):
         src_spec, dst_spec = inputs.src.layout.specs[t.name], inputs.dst.layout.specs[t.name]
@@ -398,31 +382,17 @@ def _notes(inputs: TransferInputs) -> list[str]:
 
 def transfer_report(inputs: TransferInputs, plan: Any) -> dict[str, Any]:
     """The JSON report (``"schema": "meshlayout.transfer/1"``, keys in ``docs/cli.md``)."""
-    c = _Columns.of(plan, inputs)
-    moved = c.src != c.dst
-    rounds = []
-    for r in range(len(plan.rounds)):
-        here = moved & (c.round == r)
-        sel = _Columns(*(x[here] for x in (c.round, c.tensor, c.src, c.dst, c.nbytes)))
-        rounds.append(
-            [
-                int(here.sum()),
-                int(sel.nbytes.sum()),
-                _per_rank_max(sel.src, sel.nbytes)[0],
-                _per_rank_max(sel.dst, sel.nbytes)[0],
-            ]
-        )
-    sent = _Columns(*(x[moved] for x in (c.round, c.tensor, c.src, c.dst, c.nbytes)))
+    c = _Sent.of(plan, inputs)
     return {
         "schema": SCHEMA,
         "model": {"path": inputs.model, "kind": inputs.kind},
         "src": _side_report(inputs.src, "source"),
         "dst": _side_report(inputs.dst, "destination"),
         "wire_dtype": inputs.wire_dtype,
-        "summary": _summary(inputs, plan, c),
-        "plan_summary": dict(plan.summary()),
-        "rounds": rounds,
-        "pairs": _pairs(sent),
+        "summary": _summary(inputs, plan),
+        "rounds": _rounds(plan, c),
+        "pairs": _pairs(c),
+        "kept": c.kept,
         "tensors": _tensor_rows(inputs, c),
         "notes": _notes(inputs),
     }
@@ -540,8 +510,8 @@ def transfer_text(report: dict[str, Any], *, largest: int = 5) -> str:
 # ---------------------------------------------------------------------- run
 def _picture(report: dict[str, Any], inputs: TransferInputs) -> Any:
     s = report["summary"]
-    pairs = report["pairs"]
-    src, dst, nbytes = (np.array([p[k] for p in pairs], dtype=np.int64) for k in range(3))
+    rows = report["pairs"] + [[r, r, n] for r, n in report["kept"]]
+    src, dst, nbytes = (np.array([p[k] for p in rows], dtype=np.int64) for k in range(3))
     ratio = s["gather_broadcast_ratio"]
     totals = [
         f"{byte_text(s['bytes_moved'])} moved in {s['rounds']} rounds of at most "
