@@ -596,6 +596,10 @@ def _errors(tmp: Path) -> list[tuple[list[str], str]]:
         (model_argv("emptydir"), "holds neither a DCP checkpoint"),
         (with_flag("--bucket", "12 parsecs"), "--bucket: unknown unit 'parsecs'"),
         (with_flag("--bucket", "0"), "--bucket: must be at least 1 bytes"),
+        (
+            ["transfer", str(LLAMA), "--src-mesh", "4", "--dst-mesh", "2", "--bucket", "64"],
+            "--bucket '64': the destination pieces hold 1606639616 bytes, up to 25103744",
+        ),
         (with_flag("--dst-dtype", "float7"), "--dst-dtype 'float7': unknown dtype"),
         (with_flag("--src-rules", "*.weight S(0)"), "expected PATTERN[,PATTERN...]: PLACEMENTS"),
         (with_flag("--src-rules", ": S(0),R"), "empty name pattern"),

@@ -346,7 +346,21 @@ def check_shard(rep: dict[str, Any]) -> None:
         assert held == [w.tolist() for w in want], (rep["placements"], r)
 
 
-CHECKS = {"plan": check_plan, "mesh": check_mesh, "shard": check_shard}
+def check_transfer(rep: dict[str, Any]) -> None:
+    s = rep["summary"]
+    assert (
+        sum(n for _, _, n in rep["pairs"]) == s["bytes_moved"] == sum(r[1] for r in rep["rounds"])
+    )
+    assert sum(n for _, n in rep["kept"]) == s["local_copy_bytes"]
+    assert all(r[2] <= s["bucket_bytes"] and r[3] <= s["bucket_bytes"] for r in rep["rounds"])
+
+
+CHECKS = {
+    "plan": check_plan,
+    "mesh": check_mesh,
+    "shard": check_shard,
+    "transfer": check_transfer,
+}
 
 
 # ---------------------------------------------------------------------- the tests
@@ -377,7 +391,7 @@ def test_fuzz_shard(tmp: Path, data: st.DataObject) -> None:
     check(data.draw(shard_argv(tmp)))
 
 
-@pytest.mark.parametrize("command", ["plan", "mesh", "shard"])
+@pytest.mark.parametrize("command", ["plan", "mesh", "shard", "transfer"])
 def test_hostile_value_for_every_flag(command: str, tmp: Path) -> None:
     """Each hostile value on each flag of each command: exit 0 or one line, never a traceback."""
     flags = {
@@ -408,11 +422,31 @@ def test_hostile_value_for_every_flag(command: str, tmp: Path) -> None:
             "--html",
         ],
         "shard": ["--shape", "--mesh", "--ranks", "--placements", "--shard-order", "--format"],
+        "transfer": [
+            "--src-mesh",
+            "--src-ranks",
+            "--src-rules",
+            "--src-default",
+            "--dst-mesh",
+            "--dst-ranks",
+            "--dst-rules",
+            "--dst-default",
+            "--dst-dtype",
+            "--bucket",
+            "--ranks-per-host",
+            "--largest",
+            "--svg",
+        ],
     }[command]
+    model = tmp / "transfer-model.json"
+    tensors = [{"name": "w", "shape": [5, 3], "dtype": "float32"}]
+    model.write_text(json.dumps(tensors + [{"name": "b", "shape": [3], "dtype": "bf16"}]))
     base = {
         "plan": ["plan", "--world", "8", "--tp", "2"],
         "mesh": ["mesh", "--shape", "a=2,b=2"],
         "shard": ["shard", "--shape", "4,4", "--mesh", "a=2,b=2", "--placements", "S(0),R"],
+        "transfer": ["transfer", str(model), "--src-mesh", "a=2", "--src-rules", "w: S(0)"]
+        + ["--dst-mesh", "b=3", "--dst-ranks", "1:4", "--dst-default", "R", "--format", "json"],
     }[command]
     for flag in flags:
         for bad in HOSTILE_VALUES:

@@ -15,6 +15,7 @@ raise :class:`~meshlayout.cli_args.ArgError` (exit 2, one line).
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +27,15 @@ from .cli_args import ArgError, build_mesh, int_arg, one_line, parse_size, shown
 from .cli_model_tensors import DTYPES, TensorInfo, dtype_name, read_tensors
 from .cli_rules import Layout, layout_model, parse_rules
 from .mesh import Mesh
-from .render import Section, TooLargeError, check_size, html_page, placement_text, ranks_text
+from .render import (
+    LIST_LIMIT,
+    Section,
+    TooLargeError,
+    check_size,
+    html_page,
+    placement_text,
+    ranks_text,
+)
 from .render._fmt import table
 from .render.transfer_svg import byte_text, transfer_picture
 
@@ -159,6 +168,7 @@ class TransferInputs:
     dst: Side
     wire_dtype: str | None
     bucket_bytes: int
+    bucket_text: str
     ranks_per_host: int | None
 
     def itemsize(self, t: TensorInfo) -> int:
@@ -206,7 +216,9 @@ def transfer_inputs(args: argparse.Namespace) -> TransferInputs:
     kind, tensors = _read_model(args.model)
     src = _side(args, tensors, "src")
     dst = _side(args, tensors, "dst")
-    return TransferInputs(args.model, kind, tensors, src, dst, wire, bucket, args.ranks_per_host)
+    return TransferInputs(
+        args.model, kind, tensors, src, dst, wire, bucket, args.bucket, args.ranks_per_host
+    )
 
 
 def build_plan(inputs: TransferInputs) -> Any:
@@ -214,6 +226,18 @@ def build_plan(inputs: TransferInputs) -> Any:
     from .sharding import transfer_plan
 
     itemsizes = {t.name: inputs.itemsize(t) for t in inputs.tensors}
+    delivered = 0  # bytes of every destination piece: the plan sends at most this
+    for t in inputs.tensors:
+        spec = inputs.dst.layout.specs[t.name]
+        pieces = sum(math.prod(spec.local_shape(r)) for r in inputs.dst.ranks)
+        delivered += pieces * itemsizes[t.name]
+    slabs = -(-delivered // inputs.bucket_bytes)
+    if slabs > LIST_LIMIT:
+        raise ArgError(
+            f"--bucket {shown(inputs.bucket_text)}: the destination pieces hold {delivered} "
+            f"bytes, up to {slabs} bucket-sized slabs, more than {LIST_LIMIT} "
+            "(meshlayout.render.LIST_LIMIT); choose a larger --bucket"
+        )
     with user_input("MODEL/--src-*/--dst-*/--bucket"):
         return transfer_plan(
             dict(inputs.src.layout.specs),
