@@ -26,8 +26,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshlayout.cli import main
-from meshlayout.cli_args import ArgError, parse_placements, parse_size
-from meshlayout.cli_model_tensors import (
+from meshlayout.cli.args import ArgError, parse_placements, parse_size
+from meshlayout.cli.model_tensors import (
     DTYPES,
     TensorInfo,
     dtype_name,
@@ -35,7 +35,7 @@ from meshlayout.cli_model_tensors import (
     read_tensors,
     safetensors_tensors,
 )
-from meshlayout.cli_rules import parse_rules, rule_for
+from meshlayout.cli.rules import parse_rules, rule_for
 from sharding_reference import all_coords, reference_indices
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from megatron_grid_reference import token_groups
 from meshlayout.cli import main
-from meshlayout.cli_args import parse_placements
+from meshlayout.cli.args import parse_placements
 from meshlayout.megatron import ALIASES, MEGATRON_VIEWS, ORDER_TOKENS
 from parallel_dims_reference import VIEW_DIMS
 from report_reference import view_groups
@@ -439,14 +439,28 @@ def test_hostile_value_for_every_flag(command: str, tmp: Path) -> None:
         ],
     }[command]
     model = tmp / "transfer-model.json"
-    tensors = [{"name": "w", "shape": [5, 3], "dtype": "float32"}]
-    model.write_text(json.dumps(tensors + [{"name": "b", "shape": [3], "dtype": "bf16"}]))
+    w, b = {"name": "w", "shape": [5, 3], "dtype": "float32"}, {"name": "b", "shape": [3]}
+    model.write_text(json.dumps([w, {**b, "dtype": "bf16"}]))
     base = {
         "plan": ["plan", "--world", "8", "--tp", "2"],
         "mesh": ["mesh", "--shape", "a=2,b=2"],
         "shard": ["shard", "--shape", "4,4", "--mesh", "a=2,b=2", "--placements", "S(0),R"],
-        "transfer": ["transfer", str(model), "--src-mesh", "a=2", "--src-rules", "w: S(0)"]
-        + ["--dst-mesh", "b=3", "--dst-ranks", "1:4", "--dst-default", "R", "--format", "json"],
+        "transfer": [
+            "transfer",
+            str(model),
+            "--src-mesh",
+            "a=2",
+            "--src-rules",
+            "w: S(0)",
+            "--dst-mesh",
+            "b=3",
+            "--dst-ranks",
+            "1:4",
+            "--dst-default",
+            "R",
+            "--format",
+            "json",
+        ],
     }[command]
     for flag in flags:
         for bad in HOSTILE_VALUES:

@@ -651,7 +651,7 @@ def test_bitwise_partial_on_float_data_names_the_op_and_dtype(op: str) -> None:
 @given(raw_specs())
 def test_str_of_every_placement_parses_back(case) -> None:
     """One spelling: ``str(p)`` is what ``--placements`` reads (``SS(d,sf)``, not ``_S``)."""
-    from meshlayout.cli_args import parse_placements
+    from meshlayout.cli.args import parse_placements
 
     _, _, placements = case
     text = ",".join(map(str, placements))

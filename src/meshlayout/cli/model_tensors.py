@@ -288,7 +288,7 @@ def dcp_tensors(path: str | os.PathLike[str]) -> tuple[TensorInfo, ...]:
     try:
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-        from .torch.checkpoint._inspect import read_metadata
+        from ..torch.checkpoint._inspect import read_metadata
     except ImportError as exc:
         raise ValueError(
             f"reading a DCP checkpoint needs torch (pip install 'meshlayout[torch]'): {exc}"

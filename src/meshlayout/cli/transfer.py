@@ -1,43 +1,42 @@
 """``meshlayout transfer``: plan moving a whole model between two parallel layouts, before launch.
 
 The model's tensors come from what users have, headers only
-(:mod:`meshlayout.cli_model_tensors`: safetensors, a DCP checkpoint, a JSON list);
+(:mod:`meshlayout.cli.model_tensors`: safetensors, a DCP checkpoint, a JSON list);
 each side is a mesh on global ranks plus placement rules by name pattern
-(:mod:`meshlayout.cli_rules`). The plan is :func:`meshlayout.sharding.transfer_plan`
+(:mod:`meshlayout.cli.rules`). The plan is :func:`meshlayout.sharding.transfer_plan`
 (DESIGN section 8), the one ``meshlayout.torch.WeightTransfer`` runs. Printed: bytes
 moved against gather-then-broadcast, rounds for the ``--bucket`` size against their
 lower bound, the busiest ranks, bytes across hosts, the byte matrix, the largest
 tensors; ``--format json`` the whole report (``docs/cli.md``), ``--svg``/``--html``
 the rank-to-rank byte matrix (:mod:`meshlayout.render.transfer_svg`). User mistakes
-raise :class:`~meshlayout.cli_args.ArgError` (exit 2, one line).
+raise :class:`~meshlayout.cli.args.ArgError` (exit 2, one line).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .cli_args import ArgError, build_mesh, int_arg, one_line, parse_size, shown, user_input
-from .cli_model_tensors import DTYPES, TensorInfo, dtype_name, read_tensors
-from .cli_rules import Layout, layout_model, parse_rules
-from .mesh import Mesh
-from .render import (
+from ..mesh import Mesh
+from ..render import (
     LIST_LIMIT,
     Section,
-    TooLargeError,
     check_size,
     html_page,
     placement_text,
     ranks_text,
 )
-from .render._fmt import table
-from .render.transfer_svg import byte_text, transfer_picture
+from ..render._fmt import table
+from ..render.transfer_svg import byte_text, transfer_picture
+from .args import ArgError, build_mesh, int_arg, one_line, parse_size, shown, user_input
+from .model_tensors import DTYPES, TensorInfo, dtype_name, read_tensors
+from .output import add_output, emit, too_large, write
+from .rules import Layout, layout_model, parse_rules
 
 __all__ = ["EPILOG", "HELP", "SCHEMA", "add_arguments", "run", "transfer_report", "transfer_text"]
 
@@ -45,17 +44,15 @@ HELP = "plan moving a whole model between two layouts: bytes, rounds, hosts, vs 
 
 EPILOG = """\
 examples:
-  meshlayout transfer docs/llama-tiny.json --src-mesh dp=2,tp=2 --src-ranks 0:4 \\
-      --src-rules "*.q_proj.weight,*.k_proj.weight,*.v_proj.weight,*.gate_proj.weight,\\
-*.up_proj.weight,*.lm_head.weight,*.embed_tokens.weight: SS(0,2),S(0); *.o_proj.weight,\\
-*.down_proj.weight: S(0),S(1)" --src-default "S(0),R" \\
-      --dst-mesh tp=2 --dst-ranks 4:6 --dst-rules "*.q_proj.weight,*.k_proj.weight,\\
-*.v_proj.weight,*.gate_proj.weight,*.up_proj.weight,*.lm_head.weight,*.embed_tokens.weight: \\
-S(0); *.o_proj.weight,*.down_proj.weight: S(1)" --dst-dtype bfloat16 --ranks-per-host 4
-  meshlayout transfer model/ --src-mesh dp=8 --src-default "S(0)" --dst-mesh tp=8 \\
-      --dst-ranks 8:16 --dst-rules "*proj.weight: S(0)" --bucket 1GiB --format json
-  meshlayout transfer ckpt/step-100 --src-mesh dp=4 --src-default "S(0)" \\
-      --dst-mesh dp=2 --dst-default "S(0)" --svg transfer.svg
+  meshlayout transfer --src-mesh dp=8 --src-default "S(0)" \\
+      --dst-mesh tp=8 --dst-ranks 8:16 --dst-rules "*proj.weight: S(0)" model/
+  meshlayout transfer --src-mesh dp=2,tp=2 --src-ranks 0:4 --src-default "S(0),R" \\
+      --src-rules "*.q_proj.weight,*.gate_proj.weight: SS(0,2),S(0); *.o_proj.weight: S(0),S(1)" \\
+      --dst-mesh tp=2 --dst-ranks 4:6 \\
+      --dst-rules "*.q_proj.weight,*.gate_proj.weight: S(0); *.o_proj.weight: S(1)" \\
+      --dst-dtype bf16 --ranks-per-host 4 model.safetensors.index.json
+  meshlayout transfer --src-mesh dp=4 --src-default "S(0)" --dst-mesh dp=2 \\
+      --dst-default "S(0)" --bucket 1GiB --format json --svg transfer.svg ckpt/step-100
 
 MODEL: a .safetensors file, a directory of them (with or without
 model.safetensors.index.json), a DCP checkpoint directory (.metadata; needs torch),
@@ -77,12 +74,6 @@ SCHEMA = "meshlayout.transfer/1"
 DEFAULT_BUCKET = "256MiB"
 _ROWS_HEAD, _ROWS_TAIL = 12, 2
 _COLS_HEAD, _COLS_TAIL = 8, 2
-
-
-def _file_name(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError(f"expected a file name, got {shown(text)}")
-    return text
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -130,21 +121,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="list the N largest tensors (default 5)",
     )
-    p.add_argument(
-        "--format", choices=("text", "json"), default="text", help="stdout format (default text)"
-    )
-    p.add_argument("--svg", metavar="FILE", type=_file_name, help="also write an SVG picture")
-    p.add_argument(
-        "--html", metavar="FILE", type=_file_name, help="also write a self-contained HTML page"
-    )
-
-
-@contextmanager
-def _too_large(flag: str) -> Iterator[None]:
-    try:
-        yield
-    except TooLargeError as exc:
-        raise ArgError(f"{flag}: {exc}") from None
+    add_output(p)
 
 
 # ---------------------------------------------------------------------- inputs
@@ -193,7 +170,7 @@ def _side(args: argparse.Namespace, tensors: Sequence[TensorInfo], side: str) ->
         shape_flag=mesh_flag,
         ranks_flag=ranks_flag,
     )
-    with _too_large(f"{mesh_flag} {shown(getattr(args, f'{side}_mesh'))}"):
+    with too_large(f"{mesh_flag} {shown(getattr(args, f'{side}_mesh'))}"):
         check_size(len(mesh.rank_map), "a transfer plan looks at every rank")
     rules = parse_rules(getattr(args, f"{side}_rules") or [], f"--{side}-rules")
     layout = layout_model(
@@ -223,7 +200,7 @@ def transfer_inputs(args: argparse.Namespace) -> TransferInputs:
 
 def build_plan(inputs: TransferInputs) -> Any:
     """:func:`meshlayout.sharding.transfer_plan` of the inputs."""
-    from .sharding import transfer_plan
+    from ..sharding import transfer_plan
 
     itemsizes = {t.name: inputs.itemsize(t) for t in inputs.tensors}
     delivered = 0  # bytes of every destination piece: the plan sends at most this
@@ -547,8 +524,6 @@ def _picture(report: dict[str, Any], inputs: TransferInputs) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """``meshlayout transfer``: read the model, plan, print, write the pictures asked for."""
-    from .cli import _write, json_text  # the command's shared output helpers (cli imports us)
-
     inputs = transfer_inputs(args)
     plan = build_plan(inputs)
     report = transfer_report(inputs, plan)
@@ -556,9 +531,9 @@ def run(args: argparse.Namespace) -> int:
     if args.svg or args.html:
         picture = _picture(report, inputs)
         if args.svg:
-            _write("--svg", args.svg, picture.to_string())
+            write("--svg", args.svg, picture.to_string())
         if args.html:
             section = Section("transfer plan", text=text, pictures=[picture])
-            _write("--html", args.html, html_page(f"meshlayout transfer: {args.model}", [section]))
-    print(json_text(report) if args.format == "json" else text)
+            write("--html", args.html, html_page(f"meshlayout transfer: {args.model}", [section]))
+    emit(args, report, text)
     return 0

@@ -28,10 +28,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from .cli_args import ArgError, parse_placements, shown, split_top_level
-from .cli_model_tensors import TensorInfo
-from .mesh import Mesh
-from .sharding import Partial, Placement, Replicate, ShardingSpec
+from ..mesh import Mesh
+from ..sharding import Partial, Placement, Replicate, ShardingSpec
+from .args import ArgError, parse_placements, shown, split_top_level
+from .model_tensors import TensorInfo
 
 __all__ = ["Layout", "Rule", "layout_model", "parse_rules", "rule_for"]
 
