@@ -27,6 +27,7 @@ from ._order import Run, Runs, chunk_bounds, literal_runs
 from ._placements import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard
 from ._reshard import ReshardPlan, Transfer, reshard_plan
 from ._spec import MeshLike, ShardingSpec
+from ._transfer import Slot, TensorTransfer, TransferPlan, TransferRound, slabs, transfer_plan
 
 __all__ = [
     "REDUCE_OPS",
@@ -42,9 +43,13 @@ __all__ = [
     "Runs",
     "Shard",
     "ShardingSpec",
+    "Slot",
     "Step",
     "StridedShard",
+    "TensorTransfer",
     "Transfer",
+    "TransferPlan",
+    "TransferRound",
     "box_numel",
     "box_slices",
     "chunk_bounds",
@@ -55,5 +60,7 @@ __all__ = [
     "placement_steps",
     "reshard_plan",
     "run_boxes",
+    "slabs",
     "torch_split_runs",
+    "transfer_plan",
 ]
