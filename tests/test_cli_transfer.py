@@ -283,6 +283,7 @@ def test_safetensors_header_only(tmp_path: Path) -> None:
 
 
 @pytest.mark.torch
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_dcp_checkpoint_metadata(tmp_path: Path) -> None:
     import torch
     import torch.distributed.checkpoint as dcp
@@ -302,6 +303,7 @@ def test_dcp_checkpoint_metadata(tmp_path: Path) -> None:
 
 
 @pytest.mark.torch
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_cli_reads_a_dcp_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import torch
     import torch.distributed.checkpoint as dcp
@@ -310,7 +312,7 @@ def test_cli_reads_a_dcp_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixtur
     argv = ["transfer", str(tmp_path / "c"), "--src-mesh", "dp=2", "--src-default", "S(0)"]
     code, out, err = run([*argv, "--dst-mesh", "tp=2", "--dst-default", "S(1)"], capsys)
     assert code == 0 and err == ""
-    assert out.startswith("transfer 1 tensors, 24 elements: 96 B as stored (float32), from dcp ")
+    assert out.startswith("transfer 1 tensor, 24 elements: 96 B as stored (float32), from dcp ")
 
 
 # ---------------------------------------------------------------------- rules
@@ -338,17 +340,33 @@ def test_small_model_against_brute_force(
     extra = ["--bucket", bucket, "--ranks-per-host", "2"]
     extra += ["--dst-dtype", wire] if wire else []
     rep = _json(small_argv(model, *extra), capsys)
-    ref = reference(MODEL, SMALL_SRC, SMALL_DST, wire)
+    check_report(rep, MODEL, SMALL_SRC, SMALL_DST, wire, rph=2)
+
+
+def check_report(
+    rep: dict[str, Any],
+    model: list[dict[str, Any]],
+    src: tuple[list[int], list[int], list[tuple[list[str], str]], str],
+    dst: tuple[list[int], list[int], list[tuple[list[str], str]], str],
+    wire: str | None,
+    rph: int | None,
+) -> None:
+    """The report against the brute-force reference (replicas allowed at the source)."""
+    ref = reference(model, src, dst, wire)
     s = rep["summary"]
-    assert s["tensors"] == len(MODEL)
-    assert s["elements"] == sum(math.prod(t["shape"]) for t in MODEL)
-    assert s["bytes"] == sum(math.prod(t["shape"]) * DTYPES[wire or t["dtype"]] for t in MODEL)
+    assert s["tensors"] == len(model)
+    assert s["elements"] == sum(math.prod(t["shape"]) for t in model)
+    assert s["bytes"] == sum(math.prod(t["shape"]) * DTYPES[wire or t["dtype"]] for t in model)
     assert s["bytes_moved"] == ref["moved"] and s["local_copy_bytes"] == ref["kept"]
     assert {d: n for d, n in rep["kept"]} == ref["kept_at"]
-    assert s["bytes_moved"] + s["local_copy_bytes"] == sum(  # every destination piece, once
-        len(h) * DTYPES[wire or t["dtype"]]
-        for t in MODEL
-        for h in held(t["shape"], [2], [4, 5], ref["placements"][t["name"]][1]).values()
+    assert (
+        s["bytes_moved"] + s["local_copy_bytes"]
+        == s["bytes_delivered"]
+        == sum(
+            len(h) * DTYPES[wire or t["dtype"]]  # every destination piece, once
+            for t in model
+            for h in held(t["shape"], dst[0], dst[1], ref["placements"][t["name"]][1]).values()
+        )
     )
     assert s["gather_broadcast_bytes"] == ref["gather"]
     assert s["gather_broadcast_ratio"] == pytest.approx(ref["gather"] / ref["moved"])
@@ -360,17 +378,16 @@ def test_small_model_against_brute_force(
         assert t["bytes_moved"] == ref["per_tensor"][t["name"]]
     # pairs: receivers get exactly what they lack; a sender sends only what it holds
     recv: dict[int, int] = {}
-    for src, dst, n in rep["pairs"]:
-        assert src != dst and n > 0
-        assert n <= ref["pair_bound"][src, dst]
-        recv[dst] = recv.get(dst, 0) + n
+    for a, b, n in rep["pairs"]:
+        assert a != b and n > 0
+        assert n <= ref["pair_bound"][a, b]
+        recv[b] = recv.get(b, 0) + n
     assert recv == {d: n for d, n in ref["recv"].items() if n}
     assert s["max_recv_bytes"] == max(ref["recv"].values())
-    across = sum(n for a, b, n in rep["pairs"] if a // 2 != b // 2)
-    assert s["across_host_bytes"] == across
+    if rph is not None:
+        assert s["across_host_bytes"] == sum(n for a, b, n in rep["pairs"] if a // rph != b // rph)
     # rounds: every rank within the bucket each way, at least the lower bound
-    bucket_bytes = parse_size(bucket)
-    assert s["bucket_bytes"] == bucket_bytes
+    bucket_bytes = s["bucket_bytes"]
     assert len(rep["rounds"]) == s["rounds"] >= s["rounds_lower_bound"]
     assert s["rounds_lower_bound"] == -(
         -max(s["max_send_bytes"], s["max_recv_bytes"]) // bucket_bytes
@@ -380,6 +397,22 @@ def test_small_model_against_brute_force(
     assert all(r[2] <= bucket_bytes and r[3] <= bucket_bytes for r in rep["rounds"])
     assert s["max_round_send_bytes"] == max((r[2] for r in rep["rounds"]), default=0)
     assert s["max_round_recv_bytes"] == max((r[3] for r in rep["rounds"]), default=0)
+
+
+@pytest.mark.parametrize("bucket", ["24", "4KiB"])
+def test_hsdp_source_against_brute_force(
+    bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """HSDP at the source (every piece on 2 ranks): replicas share the sending."""
+    model = write_json(tmp_path / "model.json", MODEL)
+    argv = ["transfer", str(model), "--src-mesh", "rep=2,dp=3", "--src-default", "R,S(0)"]
+    argv += ["--src-rules", "scale: R,R", "--dst-mesh", "tp=3", "--dst-ranks", "2,5,6"]
+    argv += ["--dst-rules", DST_RULES, "--dst-dtype", "f32", "--bucket", bucket]
+    rep = _json([*argv, "--ranks-per-host", "3"], capsys)
+    src = ([2, 3], list(range(6)), [(["scale"], "R,R")], "R,S(0)")
+    dst = ([3], [2, 5, 6], _rules(DST_RULES), "R")
+    check_report(rep, MODEL, src, dst, "float32", rph=3)
+    assert rep["summary"]["rounds"] == rep["summary"]["rounds_lower_bound"] or bucket == "24"
 
 
 def test_unique_holders_give_the_exact_matrix(
@@ -399,6 +432,7 @@ def test_unique_holders_give_the_exact_matrix(
     src = ([3, 2], list(range(6)), [(["b"], "S(1),S(0)")], "SS(0,2),S(0)")
     dst = ([2, 2], [3, 4, 5, 6], [(["c"], "S(0),R")], "S(1),S(0)")
     ref = reference(model, src, dst)
+    check_report(rep, model, src, dst, None, rph=None)
     assert {(a, b): n for a, b, n in rep["pairs"]} == ref["pair_bound"]
     assert rep["summary"]["bytes_moved"] == ref["moved"]
     assert rep["summary"]["local_copy_bytes"] == ref["kept"] > 0

@@ -423,14 +423,19 @@ def _matrix_rows(report: dict[str, Any]) -> list[list[str]]:
     return out
 
 
+def _count(n: int, word: str) -> str:
+    """``1 tensor``, ``3 tensors``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def _side_lines(side: dict[str, Any]) -> list[str]:
     lines = [f"  {side['label']:<12} {side['mesh']} on ranks {ranks_text(side['ranks'])}"]
     for i, rule in enumerate(side["rules"]):
-        placements = ",".join(rule["placements"])
-        lines.append(
-            f"    rule {i + 1}: {','.join(rule['patterns'])}: {placements}  ({rule['tensors']} tensors)"
-        )
-    lines.append(f"    default: {','.join(side['default'])}  ({side['default_tensors']} tensors)")
+        placements, took = ",".join(rule["placements"]), _count(rule["tensors"], "tensor")
+        lines.append(f"    rule {i + 1}: {','.join(rule['patterns'])}: {placements}  ({took})")
+    lines.append(
+        f"    default: {','.join(side['default'])}  ({_count(side['default_tensors'], 'tensor')})"
+    )
     return lines
 
 
@@ -466,7 +471,8 @@ def transfer_text(report: dict[str, Any], *, largest: int = 5) -> str:
         f"as {wire} (stored {', '.join(dtypes)})" if wire else f"as stored ({', '.join(dtypes)})"
     )
     lines = [
-        f"transfer {s['tensors']} tensors, {s['elements']} elements: {byte_text(s['bytes'])} "
+        f"transfer {_count(s['tensors'], 'tensor')}, {_count(s['elements'], 'element')}: "
+        f"{byte_text(s['bytes'])} "
         f"{as_what}, from {report['model']['kind']} {report['model']['path']}",
         *_side_lines(report["src"]),
         *_side_lines(report["dst"]),
@@ -476,7 +482,7 @@ def transfer_text(report: dict[str, Any], *, largest: int = 5) -> str:
     rows = [
         [
             "bytes moved",
-            f"{byte_text(s['bytes_moved'])} in {s['transfers']} pieces "
+            f"{byte_text(s['bytes_moved'])} in {_count(s['transfers'], 'piece')} "
             f"(kept locally: {byte_text(s['local_copy_bytes'])})",
         ],
         ["gather + broadcast", f"{byte_text(s['gather_broadcast_bytes'])}: {compare}"],
@@ -515,7 +521,7 @@ def _picture(report: dict[str, Any], inputs: TransferInputs) -> Any:
     src, dst, nbytes = (np.array([p[k] for p in rows], dtype=np.int64) for k in range(3))
     ratio = s["gather_broadcast_ratio"]
     totals = [
-        f"{byte_text(s['bytes_moved'])} moved in {s['rounds']} rounds of at most "
+        f"{byte_text(s['bytes_moved'])} moved in {_count(s['rounds'], 'round')} of at most "
         f"{byte_text(s['bucket_bytes'])}; gather + broadcast: "
         f"{byte_text(s['gather_broadcast_bytes'])}" + (f" ({ratio:.2f}x)" if ratio else "")
     ]
