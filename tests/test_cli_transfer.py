@@ -546,8 +546,12 @@ def test_text_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert f" {ref['moved']} B in " in moved and f"(kept locally: {ref['kept']} B)" in moved
     gather = next(line for line in lines if line.startswith("gather + broadcast"))
     assert gather.endswith(f": {ref['gather'] / ref['moved']:.2f}x the plan")
-    matrix = out.split("bytes sent (rows: source rank, columns: destination rank)\n")[1]
-    assert matrix.splitlines()[0].split() == ["src\\dst", "4", "5"]
+    head = "bytes sent (rows: source rank, columns: destination rank; [n]: kept locally, not sent)"
+    matrix = out.split(head + "\n")[1].splitlines()
+    assert matrix[0].split() == ["src\\dst", "4", "5"]
+    kept = dict(ref["kept_at"])
+    assert matrix[5].split() == ["4", f"[{kept[4]}", "B]", "."]  # rank 4 keeps, sends nothing
+    assert matrix[6].split()[:3] == ["5", ".", f"[{kept[5]}"]
     assert "largest tensors (2 of 7: " in out
     assert re.search(r"\n  emb\.weight +7x4 +112 B +34\.8% ", out)
 
@@ -558,7 +562,7 @@ def test_large_worlds_are_abridged(tmp_path: Path, capsys: pytest.CaptureFixture
     argv += ["--dst-mesh", "tp=16", "--dst-ranks", "32:48", "--dst-default", "S(1)"]
     code, out, err = run(argv, capsys)
     assert code == 0 and err == ""
-    matrix = out.split("destination rank)\n")[1].split("\n\n")[0].splitlines()
+    matrix = out.split("not sent)\n")[1].split("\n\n")[0].splitlines()
     assert len(matrix) == 1 + 12 + 1 + 2
     assert matrix[0].split() == ["src\\dst", *map(str, range(32, 40)), "...", "46", "47"]
     assert matrix[13].strip() == "..." and matrix[-1].split()[0] == "31"
@@ -708,3 +712,18 @@ def test_readme_tour_lines_are_real(
     printed = out.splitlines()
     for line in shown.splitlines():
         assert line == "..." or line in printed, line
+
+
+def test_same_layout_moves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = write_json(tmp_path / "model.json", MODEL)
+    argv = ["transfer", str(model), "--src-mesh", "dp=2", "--src-rules", "scale: R"]
+    argv += ["--src-default", "S(0)", "--dst-mesh", "dp=2", "--dst-rules", "scale: R"]
+    code, out, err = run([*argv, "--dst-default", "S(0)"], capsys)
+    assert code == 0 and err == ""
+    assert "bytes moved         0 B in 0 pieces (kept locally: 326 B)" in out
+    assert ": the plan moves nothing" in out and "busiest ranks       nothing is sent" in out
+    assert "rounds              0 of at most 256.0 MiB" in out
+    rep = _json([*argv, "--dst-default", "S(0)"], capsys)
+    assert rep["rounds"] == [] and rep["pairs"] == [] and rep["summary"]["rounds"] == 0
+    assert rep["summary"]["gather_broadcast_ratio"] is None
+    assert sum(n for _, n in rep["kept"]) == 322 + 4  # the scale is on both ranks

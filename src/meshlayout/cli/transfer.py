@@ -33,6 +33,7 @@ from ..render import (
 )
 from ..render._fmt import table
 from ..render.transfer_svg import byte_text, transfer_picture
+from ..sharding import ShardingSpec
 from .args import ArgError, build_mesh, int_arg, one_line, parse_size, shown, user_input
 from .model_tensors import DTYPES, TensorInfo, dtype_name, read_tensors
 from .output import add_output, emit, too_large, write
@@ -204,10 +205,12 @@ def build_plan(inputs: TransferInputs) -> Any:
 
     itemsizes = {t.name: inputs.itemsize(t) for t in inputs.tensors}
     delivered = 0  # bytes of every destination piece: the plan sends at most this
+    held: dict[ShardingSpec, int] = {}  # tensors of one shape and rule share a spec
     for t in inputs.tensors:
         spec = inputs.dst.layout.specs[t.name]
-        pieces = sum(math.prod(spec.local_shape(r)) for r in inputs.dst.ranks)
-        delivered += pieces * itemsizes[t.name]
+        if spec not in held:
+            held[spec] = sum(math.prod(spec.local_shape(r)) for r in inputs.dst.ranks)
+        delivered += held[spec] * itemsizes[t.name]
     slabs = -(-delivered // inputs.bucket_bytes)
     if slabs > LIST_LIMIT:
         raise ArgError(
@@ -276,31 +279,26 @@ class _Sent:
         return cls(a["round"], tensor, a["src"], a["dst"], a["nbytes"], kept)
 
 
-def _per_rank_max(ranks: Any, amounts: Any) -> int:
-    """The largest per-rank total (0 when nothing)."""
+def _round_rank_max(rounds: int, c: _Sent, ranks: Any) -> Any:
+    """Per round, the most bytes one rank (of ``ranks``: each piece's src or dst) moves."""
+    out = np.zeros(rounds, dtype=np.int64)
     if not len(ranks):
-        return 0
-    _, inverse = np.unique(ranks, return_inverse=True)
-    totals = np.zeros(int(inverse.max()) + 1, dtype=np.int64)
-    np.add.at(totals, inverse.reshape(-1), amounts)
-    return int(totals.max())
+        return out
+    keys, inverse = np.unique(np.stack([c.round, ranks], axis=1), axis=0, return_inverse=True)
+    totals = np.zeros(len(keys), dtype=np.int64)
+    np.add.at(totals, inverse.reshape(-1), c.nbytes)
+    np.maximum.at(out, keys[:, 0], totals)
+    return out
 
 
 def _rounds(plan: Any, c: _Sent) -> list[list[int]]:
     """Per round: ``[pieces, bytes, most one rank sends, most one rank receives]``."""
-    out = []
-    for r in range(len(plan.rounds)):
-        here = c.round == r
-        src, dst, nbytes = c.src[here], c.dst[here], c.nbytes[here]
-        out.append(
-            [
-                int(here.sum()),
-                int(nbytes.sum()),
-                _per_rank_max(src, nbytes),
-                _per_rank_max(dst, nbytes),
-            ]
-        )
-    return out
+    n = len(plan.rounds)
+    pieces = np.bincount(c.round, minlength=n) if len(c.round) else np.zeros(n, dtype=np.int64)
+    nbytes = np.zeros(n, dtype=np.int64)
+    np.add.at(nbytes, c.round, c.nbytes)
+    send, recv = _round_rank_max(n, c, c.src), _round_rank_max(n, c, c.dst)
+    return np.stack([pieces, nbytes, send, recv], axis=1).astype(np.int64).tolist()  # type: ignore[no-any-return]
 
 
 def _pairs(c: _Sent) -> list[list[int]]:
@@ -409,16 +407,15 @@ def _abridged(ranks: Sequence[int], head: int, tail: int) -> list[int | None]:
 def _matrix_rows(report: dict[str, Any]) -> list[list[str]]:
     rows = _abridged(sorted(set(report["src"]["ranks"])), _ROWS_HEAD, _ROWS_TAIL)
     cols = _abridged(sorted(set(report["dst"]["ranks"])), _COLS_HEAD, _COLS_TAIL)
-    sent = {(s, d): n for s, d, n in report["pairs"]}
+    sent = {(s, d): byte_text(n) for s, d, n in report["pairs"]}
+    sent.update({(r, r): f"[{byte_text(n)}]" for r, n in report["kept"]})
     out = [["src\\dst", *("..." if d is None else str(d) for d in cols)]]
     for r in rows:
         if r is None:
             out.append(["...", *("" for _ in cols)])
             continue
         line = [str(r)]
-        for d in cols:
-            n = sent.get((r, d), 0) if d is not None else None
-            line.append("..." if n is None else (byte_text(n) if n else "."))
+        line += ["..." if d is None else sent.get((r, d), ".") for d in cols]
         out.append(line)
     return out
 
@@ -478,7 +475,7 @@ def transfer_text(report: dict[str, Any], *, largest: int = 5) -> str:
         *_side_lines(report["dst"]),
     ]
     ratio = s["gather_broadcast_ratio"]
-    compare = f"{ratio:.2f}x the plan" if ratio else "nothing moves"
+    compare = f"{ratio:.2f}x the plan" if ratio else "the plan moves nothing"
     rows = [
         [
             "bytes moved",
@@ -507,7 +504,10 @@ def transfer_text(report: dict[str, Any], *, largest: int = 5) -> str:
             ]
         )
     lines += ["", table(rows)]
-    lines += ["", "bytes sent (rows: source rank, columns: destination rank)"]
+    lines += [
+        "",
+        "bytes sent (rows: source rank, columns: destination rank; [n]: kept locally, not sent)",
+    ]
     lines.append(table(_matrix_rows(report), indent="  "))
     lines += _largest(report, largest)
     lines += [f"note: {n}" for n in report["notes"]]
