@@ -10,6 +10,8 @@ holds. Inputs are real files written by the real clients (safetensors'
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import re
@@ -270,6 +272,25 @@ def test_safetensors_file_dir_and_index(tmp_path: Path) -> None:
     assert read_tensors(tmp_path / "model.safetensors.index.json") == ("safetensors", tensors)
 
 
+def test_safetensors_header_agrees_with_safe_open(tmp_path: Path) -> None:
+    """Our header reader and safetensors' own ``safe_open`` see the same names, shapes, dtypes."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    kinds = [((3, 5), np.float32), ((0, 4), np.float16), ((), np.int64), ((7,), np.uint8)]
+    kinds += [((2, 3, 4), np.bool_), ((1,), np.float64), ((6, 1), np.int16)]
+    arrays = {f"t{i}": np.zeros(shape, dtype) for i, (shape, dtype) in enumerate(kinds)}
+    path = tmp_path / "m.safetensors"
+    save_file(arrays, str(path), metadata={"format": "pt"})
+    ours = {t.name: (t.shape, t.dtype) for t in safetensors_tensors(path)}
+    with safe_open(str(path), framework="numpy") as f:
+        theirs = {
+            n: (tuple(f.get_slice(n).get_shape()), dtype_name(f.get_slice(n).get_dtype()))
+            for n in f.keys()
+        }
+    assert ours == theirs and len(ours) == len(arrays)
+
+
 def test_safetensors_header_only(tmp_path: Path) -> None:
     """A file whose data is cut off still lists its tensors: only the header is read."""
     from safetensors.numpy import save_file
@@ -369,7 +390,10 @@ def check_report(
         )
     )
     assert s["gather_broadcast_bytes"] == ref["gather"]
-    assert s["gather_broadcast_ratio"] == pytest.approx(ref["gather"] / ref["moved"])
+    if ref["moved"]:
+        assert s["gather_broadcast_ratio"] == pytest.approx(ref["gather"] / ref["moved"])
+    else:
+        assert s["gather_broadcast_ratio"] is None
     # placements per tensor, by the first matching rule
     for t in rep["tensors"]:
         sp, dp = ref["placements"][t["name"]]
@@ -634,6 +658,7 @@ def _errors(tmp: Path) -> list[tuple[list[str], str]]:
         (model_argv("emptydir"), "holds neither a DCP checkpoint"),
         (with_flag("--bucket", "12 parsecs"), "--bucket: unknown unit 'parsecs'"),
         (with_flag("--bucket", "0"), "--bucket: must be at least 1 bytes"),
+        (with_flag("--bucket", "3B"), "--bucket '3B': smaller than one element of 'emb.weight'"),
         (
             ["transfer", str(LLAMA), "--src-mesh", "4", "--dst-mesh", "2", "--bucket", "64"],
             "--bucket '64': the destination pieces hold 1606639616 bytes, up to 25103744",
@@ -727,3 +752,59 @@ def test_same_layout_moves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture
     assert rep["rounds"] == [] and rep["pairs"] == [] and rep["summary"]["rounds"] == 0
     assert rep["summary"]["gather_broadcast_ratio"] is None
     assert sum(n for _, n in rep["kept"]) == 322 + 4  # the scale is on both ranks
+
+
+@st.composite
+def random_transfer(draw: st.DrawFn) -> dict[str, Any]:
+    """A small random model and two random layouts (ranks equal, overlapping or disjoint)."""
+    names = ["a", "b", "c"][: draw(st.integers(1, 3))]
+    model = [
+        {
+            "name": n,
+            "shape": draw(st.lists(st.integers(0, 7), min_size=0, max_size=2)),
+            "dtype": draw(st.sampled_from(["float32", "bfloat16", "int8"])),
+        }
+        for n in names
+    ]
+
+    def side() -> tuple[list[int], list[int], list[tuple[list[str], str]], str]:
+        sizes = draw(st.lists(st.integers(1, 3), min_size=1, max_size=2))
+        start = draw(st.integers(0, 5))
+        ranks = list(range(start, start + math.prod(sizes)))
+        rules = []
+        for t in model:
+            nd = len(t["shape"])
+            choices = ["R"] + [f"S({d})" for d in range(nd)] + [f"SS({d},2)" for d in range(nd)]
+            placements = [draw(st.sampled_from(choices)) for _ in sizes]
+            rules.append(([t["name"]], ",".join(placements)))
+        return sizes, ranks, rules, ",".join("R" for _ in sizes)
+
+    return {
+        "model": model,
+        "src": side(),
+        "dst": side(),
+        "bucket": draw(st.sampled_from([4, 8, 24, 1000])),
+        "rph": draw(st.sampled_from([None, 2, 3])),
+    }
+
+
+@given(case=random_transfer())
+@settings(max_examples=60, deadline=None)
+def test_random_transfers_against_brute_force(
+    case: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    path = write_json(tmp_path_factory.mktemp("rand") / "m.json", case["model"])
+    argv = ["transfer", str(path), "--bucket", str(case["bucket"]), "--format", "json"]
+    for flag, (sizes, ranks, rules, _) in (("src", case["src"]), ("dst", case["dst"])):
+        argv += [f"--{flag}-mesh", ",".join(map(str, sizes)), f"--{flag}-ranks"]
+        argv += [f"{ranks[0]}:{ranks[-1] + 1}"]
+        argv += [f"--{flag}-rules", "; ".join(f"{p[0]}: {pl}" for p, pl in rules)]
+    if case["rph"]:
+        argv += ["--ranks-per-host", str(case["rph"])]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    assert code == 0, err.getvalue()
+    check_report(
+        json.loads(out.getvalue()), case["model"], case["src"], case["dst"], None, case["rph"]
+    )

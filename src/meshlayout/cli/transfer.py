@@ -204,6 +204,13 @@ def build_plan(inputs: TransferInputs) -> Any:
     from ..sharding import transfer_plan
 
     itemsizes = {t.name: inputs.itemsize(t) for t in inputs.tensors}
+    widest = max(inputs.tensors, key=inputs.itemsize)
+    if inputs.bucket_bytes < itemsizes[widest.name]:
+        raise ArgError(
+            f"--bucket {shown(inputs.bucket_text)}: smaller than one element of "
+            f"{widest.name!r} ({inputs.wire_dtype or widest.dtype}, {itemsizes[widest.name]} "
+            "bytes); a bucket holds at least one element"
+        )
     delivered = 0  # bytes of every destination piece: the plan sends at most this
     held: dict[ShardingSpec, int] = {}  # tensors of one shape and rule share a spec
     for t in inputs.tensors:
