@@ -1,6 +1,6 @@
 """Fuzz the ``meshlayout`` command: thousands of random command lines, in-process.
 
-Every command line mixes the flags of ``plan``, ``mesh`` or ``shard`` with
+Every command line mixes the flags of ``plan``, ``mesh``, ``shard`` or ``transfer`` with
 plausible and hostile values (huge, negative, empty, junk, unicode, control
 characters, int64 overflow, products that overflow). Each must either exit 0
 with an answer that is correct (checked against the brute-force references of
@@ -274,6 +274,52 @@ def shard_argv(draw: st.DrawFn, tmp: Path) -> list[str]:
     return draw(stray(argv + draw(outputs(tmp))))
 
 
+@st.composite
+def transfer_argv(draw: st.DrawFn, tmp: Path) -> list[str]:
+    """``transfer``: a small JSON model, two random layouts by rules, now and then hostile."""
+    shapes = draw(st.lists(st.lists(st.integers(0, 6), max_size=2), min_size=1, max_size=3))
+    model = tmp / f"fuzz-model-{len(shapes)}-{abs(hash(str(shapes))) % 10**6}.json"
+    dtypes = ["float32", "bf16", "int8", "F16"]
+    tensors = [
+        {"name": f"t{i}.weight", "shape": s, "dtype": draw(st.sampled_from(dtypes))}
+        for i, s in enumerate(shapes)
+    ]
+    model.write_text(json.dumps(tensors))
+    argv = ["transfer", hostile_or(draw, str(model), odds=30)]
+    for side in ("src", "dst"):
+        sizes = draw(st.lists(st.integers(1, 3), min_size=1, max_size=2))
+        names = ["dp", "tp"][: len(sizes)]
+        add(
+            draw,
+            argv,
+            f"--{side}-mesh",
+            hostile_or(draw, ",".join(f"{n}={k}" for n, k in zip(names, sizes))),
+        )
+        if draw(st.booleans()):
+            start = draw(st.integers(0, 4))
+            add(
+                draw,
+                argv,
+                f"--{side}-ranks",
+                hostile_or(draw, f"{start}:{start + math.prod(sizes)}"),
+            )
+        placement = st.sampled_from(["R", "S(0)", "S(1)", "SS(0,2)", "S(-1)", "P"])
+        for _ in range(draw(st.integers(0, 2))):
+            pattern = draw(st.sampled_from(["t0.*", "*.weight", "t[12].weight", "*"]))
+            ps = ",".join(draw(st.lists(placement, min_size=len(sizes), max_size=len(sizes))))
+            add(draw, argv, f"--{side}-rules", hostile_or(draw, f"{pattern}: {ps}"))
+        if draw(st.booleans()):
+            ps = ",".join(draw(st.lists(placement, min_size=len(sizes), max_size=len(sizes))))
+            add(draw, argv, f"--{side}-default", hostile_or(draw, ps))
+    if draw(st.booleans()):
+        add(draw, argv, "--bucket", hostile_or(draw, draw(st.sampled_from(["4", "16B", "1KiB"]))))
+    if draw(st.booleans()):
+        add(draw, argv, "--dst-dtype", hostile_or(draw, draw(st.sampled_from(dtypes))))
+    if draw(st.integers(0, 3)) == 0:
+        add(draw, argv, "--ranks-per-host", hostile_or(draw, "2"))
+    return draw(stray(argv + draw(outputs(tmp))))
+
+
 # ---------------------------------------------------------------------- the oracle
 def run(argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
@@ -389,6 +435,12 @@ def test_fuzz_mesh(tmp: Path, data: st.DataObject) -> None:
 @given(data=st.data())
 def test_fuzz_shard(tmp: Path, data: st.DataObject) -> None:
     check(data.draw(shard_argv(tmp)))
+
+
+@settings(FUZZ, max_examples=300)
+@given(data=st.data())
+def test_fuzz_transfer(tmp: Path, data: st.DataObject) -> None:
+    check(data.draw(transfer_argv(tmp)))
 
 
 @pytest.mark.parametrize("command", ["plan", "mesh", "shard", "transfer"])
