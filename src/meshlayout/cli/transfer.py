@@ -286,15 +286,22 @@ class _Sent:
         return cls(a["round"], tensor, a["src"], a["dst"], a["nbytes"], kept)
 
 
+def _group_sums(keys: Any, amounts: Any) -> tuple[Any, Any]:
+    """(distinct keys, int64 sum of ``amounts`` per key) for a 1-D int64 ``keys``."""
+    distinct, inverse = np.unique(keys, return_inverse=True)
+    totals = np.zeros(len(distinct), dtype=np.int64)
+    np.add.at(totals, inverse.reshape(-1), amounts)
+    return distinct, totals
+
+
 def _round_rank_max(rounds: int, c: _Sent, ranks: Any) -> Any:
     """Per round, the most bytes one rank (of ``ranks``: each piece's src or dst) moves."""
     out = np.zeros(rounds, dtype=np.int64)
     if not len(ranks):
         return out
-    keys, inverse = np.unique(np.stack([c.round, ranks], axis=1), axis=0, return_inverse=True)
-    totals = np.zeros(len(keys), dtype=np.int64)
-    np.add.at(totals, inverse.reshape(-1), c.nbytes)
-    np.maximum.at(out, keys[:, 0], totals)
+    distinct, position = np.unique(ranks, return_inverse=True)
+    keys, totals = _group_sums(c.round * len(distinct) + position.reshape(-1), c.nbytes)
+    np.maximum.at(out, keys // len(distinct), totals)
     return out
 
 
@@ -312,10 +319,11 @@ def _pairs(c: _Sent) -> list[list[int]]:
     """``[src, dst, bytes]`` per pair that sends anything, sorted."""
     if not len(c.src):
         return []
-    pairs, inverse = np.unique(np.stack([c.src, c.dst], axis=1), axis=0, return_inverse=True)
-    totals = np.zeros(len(pairs), dtype=np.int64)
-    np.add.at(totals, inverse.reshape(-1), c.nbytes)
-    return [[int(a), int(b), int(n)] for (a, b), n in zip(pairs.tolist(), totals.tolist())]
+    srcs, src_pos = np.unique(c.src, return_inverse=True)
+    dsts, dst_pos = np.unique(c.dst, return_inverse=True)
+    keys, totals = _group_sums(src_pos.reshape(-1) * len(dsts) + dst_pos.reshape(-1), c.nbytes)
+    a, b = srcs[keys // len(dsts)].tolist(), dsts[keys % len(dsts)].tolist()
+    return [[s, d, n] for s, d, n in zip(a, b, totals.tolist())]
 
 
 def _summary(inputs: TransferInputs, plan: Any) -> dict[str, Any]:
