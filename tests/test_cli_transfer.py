@@ -808,3 +808,20 @@ def test_random_transfers_against_brute_force(
     check_report(
         json.loads(out.getvalue()), case["model"], case["src"], case["dst"], None, case["rph"]
     )
+
+
+def test_unreadable_model_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file the system refuses (root ignores permissions, so the refusal is simulated)."""
+    import meshlayout.cli.transfer as cli_transfer
+
+    model = write_json(tmp_path / "model.json", MODEL)
+
+    def refuse(path: object) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(cli_transfer, "read_tensors", refuse)
+    code, out, err = run(small_argv(model), capsys)
+    assert (code, out) == (2, "")
+    assert err == f"meshlayout transfer: error: MODEL: '{model}': cannot read: Permission denied\n"

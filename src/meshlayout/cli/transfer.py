@@ -155,12 +155,16 @@ class TransferInputs:
 
 
 def _read_model(path: str) -> tuple[str, tuple[TensorInfo, ...]]:
+    """The model's tensors; a missing or unreadable file is a one-line error naming it."""
     try:
         return read_tensors(path)
-    except (OSError, ValueError) as exc:
-        text = str(exc) if not isinstance(exc, OSError) or exc.args[1:] == () else None
-        reason = text or f"{getattr(exc, 'strerror', None) or exc} ({shown(path)})"
-        raise ArgError(f"MODEL: {one_line(reason.strip().splitlines()[0])}") from None
+    except OSError as exc:
+        if not exc.strerror:  # ours: the message names the path
+            raise ArgError(f"MODEL: {one_line(str(exc))}") from None
+        where = exc.filename if exc.filename is not None else path
+        raise ArgError(f"MODEL: {shown(str(where))}: cannot read: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ArgError(f"MODEL: {one_line(str(exc).strip().splitlines()[0])}") from None
 
 
 def _side(args: argparse.Namespace, tensors: Sequence[TensorInfo], side: str) -> Side:
