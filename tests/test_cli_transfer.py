@@ -816,7 +816,8 @@ def test_unreadable_model_is_one_line(
     """A file the system refuses (root ignores permissions, so the refusal is simulated)."""
     import meshlayout.cli.transfer as cli_transfer
 
-    model = write_json(tmp_path / "model.json", MODEL)
+    monkeypatch.chdir(tmp_path)
+    model = write_json(Path("model.json"), MODEL)
 
     def refuse(path: object) -> None:
         raise PermissionError(13, "Permission denied", str(path))
@@ -824,4 +825,6 @@ def test_unreadable_model_is_one_line(
     monkeypatch.setattr(cli_transfer, "read_tensors", refuse)
     code, out, err = run(small_argv(model), capsys)
     assert (code, out) == (2, "")
-    assert err == f"meshlayout transfer: error: MODEL: '{model}': cannot read: Permission denied\n"
+    assert (
+        err == "meshlayout transfer: error: MODEL: 'model.json': cannot read: Permission denied\n"
+    )
