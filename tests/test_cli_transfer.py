@@ -828,3 +828,36 @@ def test_unreadable_model_is_one_line(
     assert (
         err == "meshlayout transfer: error: MODEL: 'model.json': cannot read: Permission denied\n"
     )
+
+
+def test_text_is_abridged_json_is_limited(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Text needs only the pairs it shows; JSON lists every piece, so it has a limit."""
+    import meshlayout.render.reports as reports
+
+    model = write_json(tmp_path / "m.json", [{"name": "w", "shape": [64, 32], "dtype": "bf16"}])
+    argv = ["transfer", str(model), "--src-mesh", "dp=32", "--src-default", "S(0)"]
+    argv += ["--dst-mesh", "tp=16", "--dst-ranks", "32:48", "--dst-default", "S(1)"]
+    rep = _json(argv, capsys)
+    assert len(rep["pairs"]) == 32 * 16 and rep["rounds"] is not None
+    code, out, err = run(argv, capsys)
+    head = "bytes sent (rows: source rank, columns: destination rank; [n]: kept locally, not sent)"
+    matrix = out.split(head + "\n")[1].split("\n\n")[0].splitlines()
+    cols = [int(c) for c in matrix[0].split()[1:] if c != "..."]
+    sent = {(a, b): n for a, b, n in rep["pairs"]}
+    for line in matrix[1:]:
+        cells = line.split()
+        if cells[0] == "...":
+            continue
+        shown = [c for c in re.findall(r"\S+(?: [KMG]?i?B)?", line)[1:] if c != "..."]
+        assert shown == [f"{sent[int(cells[0]), d]} B" for d in cols]
+    monkeypatch.setattr(reports, "LIST_LIMIT", 100)
+    code, out, err = run([*argv, "--format", "json"], capsys)
+    assert code == 2 and out == ""
+    assert err == (
+        "meshlayout transfer: error: --format json: --format json lists every pair: 512 pieces, "
+        "more than the limit of 100 (meshlayout.render.LIST_LIMIT); the text output abridges "
+        "any size\n"
+    )
+    assert run(argv, capsys)[0] == 0

@@ -398,9 +398,26 @@ def _notes(inputs: TransferInputs) -> list[str]:
     return notes
 
 
-def transfer_report(inputs: TransferInputs, plan: Any) -> dict[str, Any]:
-    """The JSON report (``"schema": "meshlayout.transfer/1"``, keys in ``docs/cli.md``)."""
+def _shown(ranks: Sequence[int], head: int, tail: int) -> list[int]:
+    """The ranks the text matrix shows along one axis."""
+    return [r for r in _abridged(ranks, head, tail) if r is not None]
+
+
+def transfer_report(inputs: TransferInputs, plan: Any, *, complete: bool = True) -> dict[str, Any]:
+    """The JSON report (``"schema": "meshlayout.transfer/1"``, keys in ``docs/cli.md``).
+
+    ``complete=False`` is what the text is made from: ``pairs`` only between the
+    ranks the abridged matrix shows, ``rounds`` None, so any world size stays small.
+    """
     c = _Sent.of(plan, inputs)
+    pairs_of = c
+    if not complete:
+        rows = _shown(inputs.src.ranks, _ROWS_HEAD, _ROWS_TAIL)
+        cols = _shown(inputs.dst.ranks, _COLS_HEAD, _COLS_TAIL)
+        keep = np.isin(c.src, rows) & np.isin(c.dst, cols)
+        pairs_of = _Sent(
+            c.round[keep], c.tensor[keep], c.src[keep], c.dst[keep], c.nbytes[keep], c.kept
+        )
     return {
         "schema": SCHEMA,
         "model": {"path": inputs.model, "kind": inputs.kind},
@@ -408,8 +425,8 @@ def transfer_report(inputs: TransferInputs, plan: Any) -> dict[str, Any]:
         "dst": _side_report(inputs.dst, "destination"),
         "wire_dtype": inputs.wire_dtype,
         "summary": _summary(inputs, plan),
-        "rounds": _rounds(plan, c),
-        "pairs": _pairs(c),
+        "rounds": _rounds(plan, c) if complete else None,
+        "pairs": _pairs(pairs_of),
         "kept": c.kept,
         "tensors": _tensor_rows(inputs, c),
         "notes": _notes(inputs),
@@ -534,10 +551,14 @@ def transfer_text(report: dict[str, Any], *, largest: int = 5) -> str:
 
 
 # ---------------------------------------------------------------------- run
-def _picture(report: dict[str, Any], inputs: TransferInputs) -> Any:
+def _picture(report: dict[str, Any], inputs: TransferInputs, plan: Any) -> Any:
+    """The byte matrix of every piece sent, and what ranks keep (outlined)."""
     s = report["summary"]
-    rows = report["pairs"] + [[r, r, n] for r, n in report["kept"]]
-    src, dst, nbytes = (np.array([p[k] for p in rows], dtype=np.int64) for k in range(3))
+    a = plan.arrays()
+    kept = np.array(report["kept"], dtype=np.int64).reshape(-1, 2)
+    src = np.concatenate([a["src"], kept[:, 0]])
+    dst = np.concatenate([a["dst"], kept[:, 0]])
+    nbytes = np.concatenate([a["nbytes"], kept[:, 1]])
     ratio = s["gather_broadcast_ratio"]
     totals = [
         f"{byte_text(s['bytes_moved'])} moved in {_count(s['rounds'], 'round')} of at most "
@@ -551,10 +572,14 @@ def run(args: argparse.Namespace) -> int:
     """``meshlayout transfer``: read the model, plan, print, write the pictures asked for."""
     inputs = transfer_inputs(args)
     plan = build_plan(inputs)
-    report = transfer_report(inputs, plan)
+    report = transfer_report(inputs, plan, complete=False)
     text = transfer_text(report, largest=args.largest)
+    if args.format == "json":
+        with too_large("--format json"):
+            check_size(len(plan.arrays()["src"]), "--format json lists every pair", "pieces")
+        report = transfer_report(inputs, plan)
     if args.svg or args.html:
-        picture = _picture(report, inputs)
+        picture = _picture(report, inputs, plan)
         if args.svg:
             write("--svg", args.svg, picture.to_string())
         if args.html:
