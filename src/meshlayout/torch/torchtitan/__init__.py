@@ -8,6 +8,6 @@ imports torchtitan; ``import meshlayout.torch`` does not.
 
 from __future__ import annotations
 
-from ._parallel_dims import SPMD_BACKENDS, ParallelDims, global_meshes
+from ._parallel_dims import SPMD_BACKENDS, ParallelDims
 
-__all__ = ["SPMD_BACKENDS", "ParallelDims", "global_meshes"]
+__all__ = ["SPMD_BACKENDS", "ParallelDims"]
