@@ -561,7 +561,7 @@ def _slice_in_rank_order(mesh: Mesh, names: tuple[str, ...]) -> Mesh:
 
     torch (2.13, 2.14) refuses a slice whose axes, once size-1 modes are dropped, do
     not go from the largest stride to the smallest ("Mesh dim indices should be in
-    ascending order").
+    ascending order"), then one that names a dim of size > 1 twice (RuntimeError).
     """
     strides = [
         d
@@ -574,4 +574,6 @@ def _slice_in_rank_order(mesh: Mesh, names: tuple[str, ...]) -> Mesh:
             f"Invalid mesh_dim_names {names} specified. "
             "Mesh dim indices should be in ascending order."
         )
+    if len(strides) != len(set(strides)):  # a dim of size > 1 asked for twice
+        raise RuntimeError(f"Slicing overlapping dim_names {names} is not allowed.")
     return mesh[names]

@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 from torchtitan.distributed import parallel_dims as _titan
-from torchtitan.tools import utils as _titan_utils
 
 from ...mesh import Mesh
 from ...parallel_dims import ParallelDims as PureParallelDims
@@ -120,7 +119,7 @@ class ParallelDims(_titan.ParallelDims):  # type: ignore[misc]  # torchtitan shi
         do not exist (``_mesh_exist``: the ``fake`` backend) or have one rank.
         """
         pure = self.meshlayout_dims
-        device = _titan_utils.device_type
+        device = str(_titan.device_type)  # the name torchtitan's build_mesh uses
         if self.check and str(dist.get_backend()) != _FAKE:
             build(pure, device, views=(), timeout=self.timeout, check=True)
         meshes = {
