@@ -27,6 +27,7 @@ and every other dim exists when its size is above 1.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from math import prod
 from typing import TYPE_CHECKING
 
 from .inttuple import flatten
@@ -557,23 +558,36 @@ def _single_axis_meshes(globals_: Mapping[str, Mesh], spmd_backend: str) -> dict
 
 
 def _slice_in_rank_order(mesh: Mesh, names: tuple[str, ...]) -> Mesh:
-    """``mesh[names]`` under torch's ``DeviceMesh`` slicing rule, else KeyError.
+    """``mesh[names]`` under torch's ``DeviceMesh`` slicing rules (torch 2.13, 2.14).
 
-    torch (2.13, 2.14) refuses a slice whose axes, once size-1 modes are dropped, do
-    not go from the largest stride to the smallest ("Mesh dim indices should be in
-    ascending order"), then one that names a dim of size > 1 twice (RuntimeError).
+    torch joins the axes of ``names`` into one layout, coalesces it (size-1 modes
+    dropped, neighbours merged where the outer stride is the inner span), and refuses
+    it with KeyError unless its strides go from the largest to the smallest ("Mesh dim
+    indices should be in ascending order"), then with RuntimeError if two coordinates
+    land on one position ("Slicing overlapping dim_names").
     """
-    strides = [
-        d
+    modes = [
+        (s, d)
         for axis in (mesh.axes[mesh.dim_index(n)] for n in names)
         for s, d in zip(flatten(axis.shape), flatten(axis.stride))
-        if s != 1
     ]
+    merged: list[list[int]] = []  # innermost first
+    for s, d in reversed(modes):
+        if s == 1:
+            continue
+        if merged and merged[-1][0] * merged[-1][1] == d:
+            merged[-1][0] *= s
+        else:
+            merged.append([s, d])
+    strides = [d for _, d in reversed(merged)]
     if strides != sorted(strides, reverse=True):
         raise KeyError(
             f"Invalid mesh_dim_names {names} specified. "
             "Mesh dim indices should be in ascending order."
         )
-    if len(strides) != len(set(strides)):  # a dim of size > 1 asked for twice
+    positions = {0}
+    for s, d in merged:
+        positions = {p + k * d for p in positions for k in range(s)}
+    if len(positions) != prod(s for s, _ in merged):
         raise RuntimeError(f"Slicing overlapping dim_names {names} is not allowed.")
     return mesh[names]
