@@ -7,8 +7,10 @@ import random
 
 DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
 
-#: torchtitan's single-dim names in the vendored version (its ``_meshes``).
-TITAN = ("pp", "batch", "loss", "dp_replicate", "fsdp", "cp", "tp", "ep", "efsdp", "etp")
+#: torchtitan 0.3.0's single-dim names per SPMD backend (its ``_single_axis_meshes``):
+#: these under ``partial_dtensor``; ``spmd_types`` has ``dp`` and ``dp_shard`` for ``fsdp``.
+TITAN = ("pp", "batch", "loss", "dp_replicate", "fsdp", "cp", "tp", "ep", "efsdp")
+TITAN_SPMD_TYPES = ("dp", "dp_shard")
 #: Multi-dim requests inside one of torchtitan's global meshes, in their order there.
 COMBOS = (
     ("dp_replicate", "fsdp"),
@@ -18,9 +20,10 @@ COMBOS = (
     ("pp", "batch", "cp", "tp"),
     ("dp_replicate", "fsdp", "tp"),
     ("efsdp", "ep"),
-    ("ep", "etp"),
-    ("pp", "dp_replicate", "efsdp", "ep", "etp"),
+    ("pp", "dp_replicate", "efsdp", "ep"),
 )
+#: Requests with meshlayout's expert TP, which torchtitan 0.3.0 does not have.
+ETP_COMBOS = (("ep", "etp"), ("pp", "dp_replicate", "efsdp", "ep", "etp"))
 
 #: Beyond the 2^5 grid: odd sizes, and larger worlds that only the fake backend runs.
 ODD_SIZES = (
