@@ -190,3 +190,36 @@ def test_degrees_and_sizes() -> None:
     # torchtitan's keyword call works unchanged.
     titan = ParallelDims(dp_replicate=2, dp_shard=-1, cp=2, tp=4, pp=2, ep=4, etp=2, world_size=64)
     assert titan == pd
+
+
+# ---------------------------------------------------------------------- the strict view by hand
+
+
+def test_strict_view_follows_torchs_slicing_rules() -> None:
+    titan = ParallelDims(16, dp_shard=2, cp=2, tp=4).torchtitan("spmd_types")
+    assert titan.get_mesh(["dp", "tp"]).names == ("dp", "tp")
+    with pytest.raises(KeyError, match="ascending order"):
+        titan.get_mesh(["tp", "cp"])  # out of rank order
+    # a size-1 dim does not count: (tp, pp) with pp=1 slices like (tp,)
+    mesh = titan.get_optional_mesh(["tp", "pp"], include_singleton_axes=True)
+    assert mesh is not None and mesh.shape == (4, 1)
+    with pytest.raises(RuntimeError, match="overlapping"):
+        titan.get_activated_mesh(["tp", "tp"])
+    with pytest.raises(ValueError, match=r"Invalid mesh name combinations \['pp', 'dp'\]"):
+        titan.get_optional_mesh(["pp", "dp"], include_singleton_axes=True)  # no global mesh
+    with pytest.raises(KeyError):
+        ParallelDims(8, tp=8).torchtitan("partial_dtensor").spmd_dense_mesh()
+
+
+def test_strict_view_refuses_what_torchtitan_lacks() -> None:
+    with pytest.raises(ValueError, match="no expert tensor parallelism"):
+        ParallelDims(8, tp=4, ep=2, etp=2).torchtitan()
+    with pytest.raises(ValueError, match=r"spmd_backend 'dtensor' is not one of"):
+        ParallelDims(8).torchtitan("dtensor")
+    titan = ParallelDims(8, dp_shard=2, tp=4).torchtitan("partial_dtensor")
+    with pytest.raises(ValueError, match="Invalid mesh dim: 'dp_shard'"):
+        titan.get_mesh("dp_shard")
+    with pytest.raises(ValueError, match="Invalid mesh dim: 'hsdp'"):
+        titan.get_mesh("hsdp")
+    pd = ParallelDims(8)
+    assert pd.torchtitan() is pd.torchtitan()  # cached per backend
