@@ -10,7 +10,8 @@
   every real process group are equal; the drop-in makes one creation call per distinct
   group of its rank; the same configurations are refused.
 * **gloo, 4 processes**: dp_shard=2 x tp=2 with FSDP2 over TP on a tiny model, trained
-  a few steps with torchtitan's meshes and with the drop-in's: equal losses.
+  a few steps with torchtitan's meshes and with the drop-in's: equal losses; and a rank
+  started with other degrees makes every rank raise MeshMismatchError (no hang).
 """
 
 from __future__ import annotations
@@ -217,3 +218,31 @@ def test_fsdp2_over_tp_trains_like_torchtitan_on_gloo() -> None:
             assert len(losses["ours"]) == STEPS
             assert losses["ours"] == losses["titan"], (rank, backend, losses)
             assert losses["ours"] == out[0][backend]["ours"]  # every rank agrees
+
+
+def _mismatch_body(rank: int, world: int) -> dict[str, Any]:
+    import torchtitan.distributed.parallel_dims as titan_module
+
+    from meshlayout.torch import MeshMismatchError
+    from meshlayout.torch.torchtitan import ParallelDims as Ours
+
+    titan_module.device_type = "cpu"  # test shim, see _gloo_body
+    tp = 2 if rank < 3 else 4  # rank 3 was started with other degrees
+    pd = Ours(dp_replicate=1, dp_shard=-1, cp=1, tp=tp, pp=1, ep=1, world_size=world)
+    pd.timeout = 60
+    try:
+        pd.build_mesh()
+    except MeshMismatchError as exc:
+        return {"ranks": list(exc.ranks), "fields": list(exc.fields)}
+    return {"built": True}
+
+
+@pytest.mark.torch
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+@needs_torchtitan
+def test_ranks_with_other_degrees_raise_instead_of_hanging() -> None:
+    from multiproc import run_multiproc
+
+    out = run_multiproc(_mismatch_body, 4, timeout=300)
+    assert out == [{"ranks": [3], "fields": ["degrees"]}] * 4
