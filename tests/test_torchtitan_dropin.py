@@ -25,7 +25,8 @@ import pytest
 from meshlayout import ParallelDims as PureDims
 from torchtitan_configs import BACKENDS, TITAN_DEGREES
 
-pytestmark = pytest.mark.xdist_group("torchtitan_reference")
+#: Tests of the shared reference run (conftest's fixture) go to one xdist worker.
+reference_group = pytest.mark.xdist_group("torchtitan_reference")
 
 needs_torchtitan = pytest.mark.skipif(
     importlib.util.find_spec("torchtitan") is None, reason="needs the `torchtitan` extra"
@@ -46,6 +47,7 @@ def _expected_creations(cfg: dict[str, int], backend: str, rank: int) -> int:
 
 
 @pytest.mark.torch
+@reference_group
 @needs_torchtitan
 def test_dropin_answers_like_torchtitan_on_the_fake_backend(
     torchtitan_reference: list[tuple[dict[str, Any], list[dict[str, Any]]]],
@@ -79,6 +81,7 @@ def test_dropin_answers_like_torchtitan_on_the_fake_backend(
 
 
 @pytest.mark.torch
+@reference_group
 @needs_torchtitan
 def test_the_sweep_covers_every_backend_and_large_worlds(
     torchtitan_reference: list[tuple[dict[str, Any], list[dict[str, Any]]]],
