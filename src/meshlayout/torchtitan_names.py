@@ -27,13 +27,10 @@ and every other dim exists when its size is above 1.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .inttuple import flatten
 from .mesh import Mesh
-
-if TYPE_CHECKING:
-    from .parallel_dims import ParallelDims
 
 __all__ = [
     "MESH_AXIS_NAMES",
@@ -44,6 +41,7 @@ __all__ = [
     "TORCHTITAN_NAMES",
     "TorchtitanAccessors",
     "TorchtitanMeshes",
+    "Views",
     "single_axis_names",
 ]
 
@@ -331,6 +329,27 @@ SPMD_SPARSE_AXES = ("dp_replicate", "efsdp", "ep")
 _IN_BAND = {"spmd_types": ("dp", "cp", "tp", "ep"), "partial_dtensor": ("tp", "ep")}
 
 
+class Views(Protocol):
+    """What :class:`TorchtitanMeshes` reads of a ``ParallelDims`` (no import of it: no cycle)."""
+
+    @property
+    def dense(self) -> Mesh: ...
+
+    @property
+    def sparse(self) -> Mesh: ...
+
+    @property
+    def dataloading(self) -> Mesh: ...
+
+    @property
+    def ep(self) -> int: ...
+
+    @property
+    def etp(self) -> int: ...
+
+    def mesh(self, name_or_names: str | Sequence[str]) -> Mesh: ...
+
+
 def single_axis_names(spmd_backend: str) -> tuple[str, ...]:
     """The names torchtitan 0.3.0's accessors take under ``spmd_backend``, in its order.
 
@@ -377,7 +396,7 @@ class TorchtitanMeshes:
 
     __slots__ = ("_globals", "_pd", "_single", "spmd_backend")
 
-    def __init__(self, pd: ParallelDims, spmd_backend: str = "spmd_types") -> None:
+    def __init__(self, pd: Views, spmd_backend: str = "spmd_types") -> None:
         self.spmd_backend = _check_backend(spmd_backend)
         if pd.etp != 1:
             raise ValueError(
@@ -521,7 +540,7 @@ def _exists(name: str, size: int, ep: int) -> bool:
     return size > 1
 
 
-def _global_meshes(pd: ParallelDims, spmd_backend: str) -> dict[str, Mesh]:
+def _global_meshes(pd: Views, spmd_backend: str) -> dict[str, Mesh]:
     """torchtitan's global meshes (``build_mesh``), from ``pd``'s views, plus ``world``."""
     dense = pd.dense
     out = {
