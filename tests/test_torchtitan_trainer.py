@@ -57,6 +57,17 @@ def _rank_zero(results: list[dict[str, titan_harness.Outcome]]) -> dict[str, tit
     return results[0]
 
 
+def _print_table(title: str, out: dict[str, titan_harness.Outcome]) -> None:
+    """The losses by step as a markdown table (shown by ``pytest -s``; docs/torchtitan-checkpoints.md)."""
+    steps = sorted({s for o in out.values() for s in o.losses})
+    print(f"\n{title}\n\n| run | " + " | ".join(f"step {s}" for s in steps) + " |")
+    print("|---|" + "---|" * len(steps))
+    for name, o in out.items():
+        cells = [f"{o.losses[s]:.7f}" if s in o.losses else "" for s in steps]
+        note = "" if o.error is None else f" ({o.error.split(':')[0]})"
+        print(f"| {name}{note} | " + " | ".join(cells) + " |")
+
+
 def _trained(outcome: titan_harness.Outcome, steps: list[int]) -> None:
     assert outcome.error is None, outcome.error
     assert sorted(outcome.losses) == steps
@@ -71,6 +82,7 @@ def test_trainer_drop_in_and_resume_at_fsdp4(tmp_path: Path) -> None:
             titan_harness.four_process_job, 4, root, timeout=900, startup_timeout=300, init=False
         )
     )
+    _print_table("FSDP 2 x TP 2 (4 processes), resumed at FSDP 4", out)
     stock, drop_in = out["stock"], out["drop_in"]
     _trained(stock, [1, 2, 3, 4])
     _trained(drop_in, [1, 2, 3, 4])
@@ -111,6 +123,7 @@ def test_uneven_fsdp3_tp2_stock_fails_exact_resumes(tmp_path: Path) -> None:
             init=False,
         )
     )
+    _print_table(f"FSDP 3 x TP 2 (6 processes), vocab {UNEVEN_VOCAB}", out)
     full = out["uninterrupted"]
     _trained(full, [1, 2, 3, 4])
     assert full.checkpointer == EXACT and full.parallel_dims == DROP_IN_PD
@@ -152,3 +165,42 @@ def test_exact_checkpoint_config_keeps_fields_and_refuses_other_configs() -> Non
     assert ExactCheckpointManager.Config._owner is ExactCheckpointManager
     with pytest.raises(TypeError, match=r"CheckpointManager\.Config"):
         exact_checkpoint_config({"enable": True})
+
+
+@pytest.mark.parametrize("mode", ["disabled", "async", "async_with_pinned_mem"])
+def test_every_dcp_call_of_the_manager_takes_our_planners(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each save mode and the load hand DCP an Exact planner (DCP itself replaced)."""
+    from torchtitan.components.checkpointer import MODEL, AsyncMode
+
+    from meshlayout.torch.checkpoint import ExactLoadPlanner, ExactSavePlanner
+    from meshlayout.torch.torchtitan import ExactCheckpointManager
+    from meshlayout.torch.torchtitan import _checkpoint as module
+
+    calls: list[tuple[str, dict[str, object]]] = []
+    for name in ("_dcp_save", "_dcp_async_save", "_dcp_load"):
+        monkeypatch.setattr(
+            module, name, lambda sd, _n=name, **kw: calls.append((_n, kw)) or "future"
+        )
+    loaded: list[object] = []
+
+    class Model:
+        def load_state_dict(self, sd: object) -> None:
+            loaded.append(sd)
+
+    manager = object.__new__(ExactCheckpointManager)  # no torchtitan set-up needed
+    manager.pg, manager.stager, manager.states = "pg", "stager", {MODEL: Model()}
+    result = manager.dcp_save({"w": 1}, "ckpt/step-2", AsyncMode(mode))
+    name, kw = calls.pop()
+    assert isinstance(kw["planner"], ExactSavePlanner) and kw["checkpoint_id"] == "ckpt/step-2"
+    if mode == "disabled":
+        assert (name, result) == ("_dcp_save", None)
+    else:
+        assert (name, result, kw["process_group"]) == ("_dcp_async_save", "future", "pg")
+        assert kw.get("async_stager", "stager") == "stager"
+    sd = {"w": 2}
+    manager.dcp_load(sd, "ckpt/step-2", from_hf=False, from_quantized=False)
+    name, kw = calls.pop()
+    assert name == "_dcp_load" and isinstance(kw["planner"], ExactLoadPlanner)
+    assert loaded == [sd]  # the model's flattened states go back into the model

@@ -3,8 +3,10 @@
 torchtitan has no CPU switch: it picks CUDA when no accelerator is found, trains with
 FlexAttention (compiled by inductor), reads its C4 test set and tokenizer from the
 ``tests/assets`` folder of its repository (not shipped in the wheel), and imports
-triton for MoE kernels. Everything below adapts the *test environment*, never
-torchtitan's or meshlayout's code paths under test, and nothing downloads:
+triton for MoE kernels; torchtitan 0.3.0 also calls two things torch 2.13 lacks.
+Everything below adapts the *test environment* (meshlayout's code is never touched;
+torchtitan's only where CPU, gloo or torch 2.13 lack what it calls), and nothing
+downloads:
 
 * ``install_cpu_shims()`` (call first in a fresh worker, before any torchtitan import):
 
@@ -43,7 +45,12 @@ torchtitan's or meshlayout's code paths under test, and nothing downloads:
   ``n_layers``, ``vocab``), attention switched from FlexAttention to torchtitan's
   ``ScaledDotProductAttention`` (causal: equal to block-causal here because a sample
   is one document, and needs no inductor compile), CUDA graphs off, float32 mixed
-  precision, a fixed seed, and the parallel degrees asked for.
+  precision, a fixed seed, and the parallel degrees asked for. The SPMD backend is
+  ``partial_dtensor`` (torchtitan's DTensor TP + FSDP2 on the ``fsdp`` mesh, i.e.
+  FSDP2 over TP as torch's own tests use it): 0.3.0's default ``spmd_types`` keeps
+  parameters as plain local tensors and passes ``dp_mesh_dims`` to ``fully_shard``,
+  whose torch 2.13 version refuses them ("all parameters must be DTensors on the
+  full SPMD mesh"), i.e. it needs a newer torch.
 * ``HarnessTrainer``: torchtitan's ``Trainer`` with the ``ParallelDims`` class to
   build (torchtitan's or meshlayout's drop-in) and the per-step global losses
   recorded from its metrics processor.
@@ -227,6 +234,7 @@ class Run:
     load_step: int = -1
     load_only: bool = False  # resume without writing checkpoints
     exclude_dataloader: bool = False
+    async_mode: str = "disabled"  # CheckpointManager.Config.async_mode
     exact: bool = False  # ExactCheckpointManager instead of torchtitan's
     spmd_backend: str = "partial_dtensor"
 
@@ -306,6 +314,7 @@ def titan_config(run: Run, assets: Path, dump_folder: Path) -> Any:
         interval=run.interval,
         load_step=run.load_step,
         load_only=run.load_only,
+        async_mode=run.async_mode,
         last_save_model_only=False,
         exclude_from_loading=["dataloader"] if run.exclude_dataloader else [],
     )
@@ -442,8 +451,9 @@ def _worker_setup(rank: int, root: Path) -> Any:
 def four_process_job(rank: int, world: int, root: str) -> dict[str, Outcome]:
     """FSDP 2 x TP 2: stock vs drop-in ParallelDims, then resume at FSDP 4 (4 processes).
 
-    ``stock``: torchtitan's ParallelDims, exact checkpoints at step 2 (and torchtitan's
-    own manager saving the same state next to them); ``drop_in``: the same job with
+    ``stock``: torchtitan's ParallelDims, exact checkpoints at step 2 saved with
+    ``async_mode="async"`` (and torchtitan's own manager saving the same state next to
+    them, synchronously); ``drop_in``: the same job with
     meshlayout's ParallelDims; ``resumed_exact`` / ``resumed_stock``: FSDP 4 (local
     batch 1, so the same global batch) resumed from step 2 of each checkpoint with
     the data loader's state excluded.
@@ -453,7 +463,7 @@ def four_process_job(rank: int, world: int, root: str) -> dict[str, Outcome]:
     exact, stock = f"{root}/ckpt-exact", f"{root}/ckpt-stock"
     out = {
         "stock": run_job(
-            dataclasses.replace(base, checkpoint_folder=exact, exact=True),
+            dataclasses.replace(base, checkpoint_folder=exact, exact=True, async_mode="async"),
             Path(root),
             stock_tee=stock,
         ),
