@@ -13,9 +13,10 @@ llama3 debug model, the generated data set and tokenizer):
   FSDP thirds of 44/44/42 and 43/43/43: the embedding, the output projection and
   their Adam moments are uneven FSDP-over-TP DTensors): torchtitan's own
   ``CheckpointManager`` cannot save the state (torch 2.13's DCP planner describes
-  two ranks' rows as overlapping), so the job cannot resume from it; the exact
-  manager saves it and the job resumes with the uninterrupted losses, on the same
-  layout and on FSDP 6.
+  two ranks' rows as overlapping), so the job cannot resume from it, nor can it
+  load the exact manager's (complete, standard DCP) checkpoint into this layout
+  (it reads a row past one rank's piece); the exact manager saves the state and the
+  job resumes with the uninterrupted losses, on the same layout and on FSDP 6.
 
 The uninterrupted run is the reference: a resumed run that loaded anything but the
 saved model, optimizer, LR-scheduler and step state would leave its losses.
@@ -139,6 +140,12 @@ def test_uneven_fsdp3_tp2_stock_fails_exact_resumes(tmp_path: Path) -> None:
     stock = out["resumed_stock"]
     assert stock.losses == {}
     assert stock.error is not None and ".metadata" in stock.error, stock.error
+
+    # torchtitan's manager cannot load a complete, correct checkpoint into this layout
+    # either: torch 2.13's load planner gives rank (2, 0) one row more than it holds
+    wrong = out["stock_loads_exact_ckpt"]
+    assert wrong.checkpointer == STOCK_CM and wrong.losses == {}
+    assert wrong.error is not None and "exceeds dimension size" in wrong.error, wrong.error
 
     # the exact checkpoint resumes with the uninterrupted losses, bitwise on the
     # same layout, and on FSDP 6 (another mesh, data loader state excluded)

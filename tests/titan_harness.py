@@ -487,7 +487,9 @@ def six_process_job(rank: int, world: int, root: str, vocab: int) -> dict[str, O
 
     ``uninterrupted``: 4 steps, exact checkpoints at step 2 and torchtitan's own
     manager saving the same state; ``resumed_exact`` / ``resumed_stock``: the same
-    layout resumed from step 2 of each checkpoint; ``resumed_exact_fsdp6``: FSDP 6
+    layout resumed from step 2 of each checkpoint; ``stock_loads_exact_ckpt``: the
+    same layout, torchtitan's own manager resuming from the (complete, standard DCP)
+    exact checkpoint; ``resumed_exact_fsdp6``: FSDP 6
     (local batch 1) resumed from the exact checkpoint, data loader state excluded.
     """
     drop_in = _worker_setup(rank, Path(root))
@@ -507,6 +509,9 @@ def six_process_job(rank: int, world: int, root: str, vocab: int) -> dict[str, O
     )
     out["resumed_stock"] = run_job(
         dataclasses.replace(resume, checkpoint_folder=stock), Path(root), drop_in
+    )
+    out["stock_loads_exact_ckpt"] = run_job(
+        dataclasses.replace(resume, checkpoint_folder=exact), Path(root), drop_in
     )
     out["resumed_exact_fsdp6"] = run_job(
             dataclasses.replace(
