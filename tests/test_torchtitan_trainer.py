@@ -76,11 +76,12 @@ def _trained(outcome: titan_harness.Outcome, steps: list[int]) -> None:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.timeout(960)
 def test_trainer_drop_in_and_resume_at_fsdp4(tmp_path: Path) -> None:
     root = _assets(tmp_path)
     out = _rank_zero(
         run_multiproc(
-            titan_harness.four_process_job, 4, root, timeout=900, startup_timeout=300, init=False
+            titan_harness.four_process_job, 4, root, timeout=600, startup_timeout=300, init=False
         )
     )
     _print_table("FSDP 2 x TP 2 (4 processes), resumed at FSDP 4", out)
@@ -111,6 +112,7 @@ def test_trainer_drop_in_and_resume_at_fsdp4(tmp_path: Path) -> None:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.timeout(960)
 def test_uneven_fsdp3_tp2_stock_fails_exact_resumes(tmp_path: Path) -> None:
     root = _assets(tmp_path)
     out = _rank_zero(
@@ -119,7 +121,7 @@ def test_uneven_fsdp3_tp2_stock_fails_exact_resumes(tmp_path: Path) -> None:
             6,
             root,
             UNEVEN_VOCAB,
-            timeout=900,
+            timeout=600,
             startup_timeout=300,
             init=False,
         )
