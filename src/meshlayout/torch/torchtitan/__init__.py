@@ -13,12 +13,6 @@ loading through the exact DCP planners (``exact_checkpoint_config`` switches a j
 from __future__ import annotations
 
 from ._checkpoint import ExactCheckpointManager, exact_checkpoint_config
-from ._parallel_dims import SPMD_BACKENDS, ParallelDims, global_meshes
+from ._parallel_dims import SPMD_BACKENDS, ParallelDims
 
-__all__ = [
-    "SPMD_BACKENDS",
-    "ExactCheckpointManager",
-    "ParallelDims",
-    "exact_checkpoint_config",
-    "global_meshes",
-]
+__all__ = ["SPMD_BACKENDS", "ExactCheckpointManager", "ParallelDims", "exact_checkpoint_config"]

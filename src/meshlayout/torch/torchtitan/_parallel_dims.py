@@ -42,63 +42,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 from torchtitan.distributed import parallel_dims as _titan
-from torchtitan.tools import utils as _titan_utils
 
 from ...mesh import Mesh
 from ...parallel_dims import ParallelDims as PureParallelDims
+from ...torchtitan_names import SPMD_BACKENDS, SPMD_DENSE_AXES, SPMD_SPARSE_AXES
 from .._mesh import DistributedMesh, init_mesh
 from .._parallel import build
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["ParallelDims", "global_meshes"]
+__all__ = ["SPMD_BACKENDS", "ParallelDims"]
 
 #: The fake backend: groups of dims that do not exist get no communicator.
 _FAKE = "fake"
-
-
-def global_meshes(pd: PureParallelDims, spmd_backend: str) -> dict[str, Mesh]:
-    """torchtitan 0.3.0's global meshes for ``spmd_backend``, as pure meshes.
-
-    Keys and dim names are torchtitan's (``build_mesh``'s ``_global_meshes``, in its
-    order), plus ``"world"``; the meshes come from meshlayout's views of ``pd``
-    (which must have ``etp == 1``: torchtitan 0.3.0 has no expert TP).
-
-    >>> from meshlayout import ParallelDims
-    >>> meshes = global_meshes(ParallelDims(8, dp_shard=2, tp=4), "partial_dtensor")
-    >>> {k: m.names for k, m in meshes.items()}  # doctest: +NORMALIZE_WHITESPACE
-    {'world': ('world',), 'dataloading': ('pp', 'batch', 'cp', 'tp'),
-     'loss': ('loss_mesh',), 'dense': ('pp', 'dp_replicate', 'fsdp', 'tp'),
-     'sparse': ('pp', 'dp_replicate', 'efsdp', 'ep')}
-    """
-    if spmd_backend not in SPMD_BACKENDS:
-        raise ValueError(
-            f"spmd_backend {spmd_backend!r} is not one of torchtitan 0.3.0's {list(SPMD_BACKENDS)}"
-        )
-    if pd.etp != 1:
-        raise ValueError(f"torchtitan 0.3.0 has no expert tensor parallelism; got etp={pd.etp}")
-    dense = pd.dense
-    out = {
-        "world": dense.flatten("world"),
-        "dataloading": pd.dataloading,
-        "loss": dense["dp_replicate", "dp_shard", "cp"].flatten("loss_mesh"),
-    }
-    if spmd_backend == "partial_dtensor":
-        out["dense"] = Mesh.concat([dense["pp", "dp_replicate"], pd.mesh("fsdp"), dense["tp"]])
-    else:
-        out["dense"] = dense
-    out["sparse"] = pd.sparse["pp", "dp_replicate", "efsdp", "ep"]
-    if spmd_backend == "spmd_types":
-        dp = dense["dp_replicate", "dp_shard"].flatten("dp")
-        out["spmd_dense_for_fwdbwd"] = Mesh.concat([dp, dense["cp", "tp"]])
-        if pd.ep > 1:
-            out["spmd_sparse_for_fwdbwd"] = pd.sparse["dp_replicate", "efsdp", "ep"]
-    return out
-
-
-#: torchtitan 0.3.0's SPMD backends (``ParallelismConfig.spmd_backend``), default first.
-SPMD_BACKENDS = ("spmd_types", "partial_dtensor", "full_dtensor")
 
 
 class ParallelDims(_titan.ParallelDims):  # type: ignore[misc]  # torchtitan ships no types
@@ -162,12 +119,12 @@ class ParallelDims(_titan.ParallelDims):  # type: ignore[misc]  # torchtitan shi
         do not exist (``_mesh_exist``: the ``fake`` backend) or have one rank.
         """
         pure = self.meshlayout_dims
-        device = _titan_utils.device_type
+        device = str(_titan.device_type)  # the name torchtitan's build_mesh uses
         if self.check and str(dist.get_backend()) != _FAKE:
             build(pure, device, views=(), timeout=self.timeout, check=True)
         meshes = {
             key: self._bind(mesh, device)
-            for key, mesh in global_meshes(pure, self.spmd_backend).items()
+            for key, mesh in pure.torchtitan(self.spmd_backend).global_meshes().items()
         }
         self._distributed = meshes
         torch_meshes = {key: dm.to_torch() for key, dm in meshes.items()}
@@ -197,8 +154,8 @@ class ParallelDims(_titan.ParallelDims):  # type: ignore[misc]  # torchtitan shi
         self._spmd_meshes = [
             m
             for m in (
-                self.get_activated_mesh(_dense_spmd_axes(self.spmd_backend)),
-                self.get_activated_mesh(["dp_replicate", "efsdp", "ep"]),
+                self.get_activated_mesh(list(SPMD_DENSE_AXES[self.spmd_backend])),
+                self.get_activated_mesh(list(SPMD_SPARSE_AXES)),
             )
             if m is not None
         ]
@@ -220,12 +177,3 @@ class ParallelDims(_titan.ParallelDims):  # type: ignore[misc]  # torchtitan shi
 def _exist_name(name: str) -> str:
     """The name torchtitan's ``_mesh_exist`` is asked about for one of our dims."""
     return "loss" if name == "loss_mesh" else name
-
-
-def _dense_spmd_axes(spmd_backend: str) -> list[str]:
-    """torchtitan 0.3.0's ``candidate_spmd_dense_axes`` for ``spmd_backend``."""
-    if spmd_backend == "spmd_types":
-        return ["dp", "cp", "tp"]
-    if spmd_backend == "full_dtensor":
-        return ["dp_replicate", "dp_shard", "cp", "tp"]
-    return ["dp_replicate", "fsdp", "tp"]
