@@ -59,7 +59,7 @@ def _rank_zero(results: list[dict[str, titan_harness.Outcome]]) -> dict[str, tit
 
 
 def _print_table(title: str, out: dict[str, titan_harness.Outcome]) -> None:
-    """The losses by step as a markdown table (shown by ``pytest -s``; docs/torchtitan-checkpoints.md)."""
+    """The losses by step as a markdown table (shown by ``pytest -s``; docs/torchtitan.md)."""
     steps = sorted({s for o in out.values() for s in o.losses})
     print(f"\n{title}\n\n| run | " + " | ".join(f"step {s}" for s in steps) + " |")
     print("|---|" + "---|" * len(steps))
