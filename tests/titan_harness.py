@@ -156,7 +156,7 @@ def install_cpu_shims(hf_cache: str | os.PathLike[str]) -> None:
     import torchtitan.tools.utils as tt_utils
 
     tt_utils.device_type = "cpu"
-    tt_utils.device_module = _CpuDevice  # type: ignore[assignment]
+    tt_utils.device_module = _CpuDevice
 
     import torchtitan.distributed.fsdp as tt_fsdp
     from torch.distributed.fsdp import FSDPModule
