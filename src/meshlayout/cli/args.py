@@ -23,8 +23,8 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-from .mesh import Mesh
-from .sharding import REDUCE_OPS, Partial, Placement, Replicate, Shard, ShardingSpec, StridedShard
+from ..mesh import Mesh
+from ..sharding import REDUCE_OPS, Partial, Placement, Replicate, Shard, ShardingSpec, StridedShard
 
 __all__ = [
     "INT64_MAX",
@@ -97,7 +97,7 @@ def user_input(flag: str, value: object = _NO_VALUE) -> Iterator[None]:
     ...     raise ValueError("mesh sizes must be >= 1, got [0]")
     Traceback (most recent call last):
     ...
-    meshlayout.cli_args.ArgError: --shape 'a=0': mesh sizes must be >= 1, got [0]
+    meshlayout.cli.args.ArgError: --shape 'a=0': mesh sizes must be >= 1, got [0]
     """
     try:
         yield
@@ -123,7 +123,7 @@ def parse_int(text: str, what: str, *, minimum: int | None = None, maximum: int 
     >>> parse_int("9223372036854775808", "--world")
     Traceback (most recent call last):
     ...
-    meshlayout.cli_args.ArgError: --world: 9223372036854775808 is more than 9223372036854775807 (int64)
+    meshlayout.cli.args.ArgError: --world: 9223372036854775808 is more than 9223372036854775807 (int64)
     """
     text = text.strip()
     if not _INT_RE.fullmatch(text):
@@ -300,7 +300,7 @@ def spec_from_flags(
     ...                 ("0:tp", parse_shard_order("0:tp")))
     Traceback (most recent call last):
     ...
-    meshlayout.cli_args.ArgError: --placements 'S(0),R' decode to shard order {0: (0,)}, but --shard-order '0:tp' says {0: (1,)}
+    meshlayout.cli.args.ArgError: --placements 'S(0),R' decode to shard order {0: (0,)}, but --shard-order '0:tp' says {0: (1,)}
     """
     if placements is None and shard_order is None:
         raise ArgError(f"give {flags[0]}, {flags[1]}, or both")

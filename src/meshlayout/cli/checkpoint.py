@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
-from .cli_args import ArgError, one_line, shown
+from .args import ArgError, one_line, shown
+from .output import write
 
 __all__ = ["EPILOG", "HELP", "add_arguments", "report_text", "run"]
 
@@ -125,7 +125,7 @@ def _pick(report: dict[str, Any], name: str | None) -> dict[str, Any] | None:
 def run(args: argparse.Namespace) -> int:
     """Print the report; return 0 (all exact) or 1."""
     try:
-        from .torch.checkpoint._inspect import describe_checkpoint
+        from ..torch.checkpoint._inspect import describe_checkpoint
     except ImportError as exc:
         raise ArgError(f"the checkpoint command needs torch: {exc}") from None
     try:
@@ -136,19 +136,9 @@ def run(args: argparse.Namespace) -> int:
     if args.svg:
         if entry is None:
             raise ArgError(f"--svg {shown(args.svg)}: the checkpoint holds no tensor to draw")
-        from .render.checkpoint_svg import checkpoint_svg
+        from ..render.checkpoint_svg import checkpoint_svg
 
-        content = checkpoint_svg(entry)
-        try:
-            with open(args.svg, "w", encoding="utf-8") as f:
-                f.write(content)
-        except (OSError, ValueError) as exc:
-            reason = getattr(exc, "strerror", None) or str(exc)
-            raise ArgError(f"--svg {shown(args.svg)}: cannot write: {reason}") from None
-        print(
-            f"wrote {one_line(args.svg)} ({entry['name']}, {len(content.encode())} bytes)",
-            file=sys.stderr,
-        )
+        write("--svg", args.svg, checkpoint_svg(entry), what=entry["name"])
     if args.format == "json":
         print(json.dumps(report, indent=1))
     else:
