@@ -50,10 +50,15 @@ from ._st_format import (
     shard_name,
 )
 
-__all__ = ["ExportResult", "export_safetensors"]
+__all__ = ["ExportResult", "NotExportableError", "export_safetensors"]
 
 Progress = Callable[[int, int], None]
 _MIN_BUFFER = 64
+
+
+class NotExportableError(ValueError):
+    """The checkpoint does not hold some tensor exactly: its chunks leave a hole or
+    overlap, or a stored chunk is not what the metadata says (nothing was written)."""
 
 
 @dataclass(frozen=True)
@@ -148,8 +153,11 @@ def _renamed(
 
 
 def _out_dtype(stored: torch.dtype, dtype: torch.dtype | None) -> torch.dtype:
-    """Floating-point tensors take ``dtype``; integer and bool tensors keep theirs."""
-    return dtype if dtype is not None and stored.is_floating_point else stored
+    """Floating-point tensors of 16 bits or more take ``dtype``; integer, bool and 8-bit
+    float tensors (quantized weights, whose scales live beside them) keep theirs."""
+    if dtype is None or not stored.is_floating_point or _itemsize(stored) < 2:
+        return stored
+    return dtype
 
 
 class _Files:
@@ -196,7 +204,7 @@ def _plan(
         ]
         report = tiling(shape, chunks)
         if not report.exact:
-            raise ValueError(
+            raise NotExportableError(
                 f"tensor {name!r} {shape}: its saved chunks do not tile it ({report.describe()}); "
                 "the full tensor is not in the checkpoint, nothing was written"
             )
@@ -224,7 +232,7 @@ def _plan(
                 f.fileno(), int(info.offset), int(info.length), f"{where} in {info.relative_path}"
             )
             if stored.shape != sizes or stored.dtype != stored_dtype:
-                raise ValueError(
+                raise NotExportableError(
                     f"{where}: the metadata says {sizes} {stored_dtype}, {info.relative_path} "
                     f"holds {stored.shape} {stored.dtype}; the checkpoint's data does not match "
                     "its metadata, nothing was written"
@@ -430,8 +438,8 @@ def export_safetensors(
     ``keys``: checkpoint names to export (default every tensor; non-tensor values are
     skipped). ``rename``: mapping (names it lacks keep theirs) or callable, checkpoint
     name -> output name. ``dtype`` (``"bf16"``, ``"BF16"``, ``torch.bfloat16``, ...):
-    floating-point tensors are cast to it on the way; integer and bool tensors keep
-    their dtype. ``buffer_bytes``: the slab buffers' total size (resident memory stays
+    floating-point tensors of 16 bits or more are cast to it on the way; integer, bool
+    and float8 tensors keep their dtype. ``buffer_bytes``: the slab buffers' total size (resident memory stays
     near it above the interpreter's). ``progress``: True draws a tqdm bar on stderr; a
     callable gets ``(bytes_done, bytes_total)``.
 
