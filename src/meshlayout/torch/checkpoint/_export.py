@@ -29,6 +29,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,15 +162,21 @@ def _out_dtype(stored: torch.dtype, dtype: torch.dtype | None) -> torch.dtype:
 
 
 class _Files:
-    """Open checkpoint data files, by path (read-only, unbuffered)."""
+    """Open checkpoint data files by path (read-only, unbuffered), at most ``limit`` at
+    once: a checkpoint of thousands of ranks has thousands of files, more than the
+    usual open-file limit. Each file is used right after :meth:`get`."""
 
-    def __init__(self) -> None:
-        self._open: dict[Path, Any] = {}
+    def __init__(self, limit: int = 64) -> None:
+        self._open: OrderedDict[Path, Any] = OrderedDict()
+        self._limit = limit
 
     def get(self, path: Path) -> Any:
         f = self._open.get(path)
         if f is None:
+            if len(self._open) >= self._limit:
+                self._open.popitem(last=False)[1].close()
             f = self._open[path] = open(path, "rb", buffering=0)
+        self._open.move_to_end(path)
         return f
 
     def close(self) -> None:
