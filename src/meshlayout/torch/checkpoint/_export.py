@@ -108,8 +108,10 @@ def _positive(value: Any, what: str, minimum: int = 1) -> int:
 
 
 def _path(value: Any, what: str) -> Path:
-    if not isinstance(value, (str, os.PathLike)) or not str(value):
-        raise TypeError(f"{what} must be a non-empty str or os.PathLike, got {value!r}")
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a str or os.PathLike, got {value!r}")
+    if not str(value):
+        raise ValueError(f"{what} is empty; give a directory")
     return Path(value)
 
 
@@ -498,8 +500,16 @@ def _write(
     tick, close = _progress(progress, total)
     tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=dest))
     try:
-        inbuf = torch.empty(buffer_bytes // 2, dtype=torch.uint8)
-        outbuf = torch.empty(buffer_bytes - buffer_bytes // 2, dtype=torch.uint8)
+        # never more than the largest tensor needs: a huge buffer_bytes allocates nothing more
+        need_in = max(
+            (t.nbytes // _itemsize(t.out_dtype) * _itemsize(t.dtype) for g in groups for t in g),
+            default=0,
+        )
+        need_out = max((t.nbytes for g in groups for t in g), default=0)
+        inbuf = torch.empty(max(16, min(buffer_bytes // 2, need_in)), dtype=torch.uint8)
+        outbuf = torch.empty(
+            max(16, min(buffer_bytes - buffer_bytes // 2, need_out)), dtype=torch.uint8
+        )
         weight_map: dict[str, str] = {}
         for name, group in zip(names, groups):
             entries, pos = {}, 0
