@@ -407,3 +407,13 @@ def test_few_data_files_open_at_once(
     export_safetensors(root / "ours", tmp_path / "out", buffer_bytes=64)
     assert max(seen) == 2 and len(seen) > 20
     assert_bitwise(read_all(tmp_path / "out"), full)
+
+
+def test_a_huge_buffer_allocates_only_what_the_largest_tensor_needs(
+    plain: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    root, tensors = plain
+    export_safetensors(root, tmp_path / "out", buffer_bytes=2**62)
+    assert_bitwise(read_all(tmp_path / "out"), tensors)
+    with pytest.raises(ValueError, match="checkpoint_id is empty"):
+        export_safetensors("", tmp_path / "other")
