@@ -6,6 +6,12 @@ with true global offsets; loading fills each destination run box from exactly th
 saved chunks overlapping it, on any mesh, any number of processes, or into plain
 tensors on one process. The files are standard DCP. See ``docs/checkpoint.md``.
 
+:func:`export_safetensors` writes any checkpoint that tiles as Hugging Face
+safetensors in one process, streaming (DESIGN.md §9); :func:`describe_checkpoint`
+and :func:`describe_safetensors` report what a checkpoint or a safetensors model
+holds. Everything here that reads a checkpoint (but ``load``, which is DCP's reader)
+unpickles with an allow-list: safe on untrusted files.
+
 Usage (every rank)::
 
     from meshlayout.torch import checkpoint as mlcp
@@ -30,19 +36,25 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from ._export import ExportResult, NotExportableError, export_safetensors
 from ._inspect import describe_checkpoint, read_metadata
 from ._plan import Chunk, ChunkIndex, Read, Tiling, replica_dims, tiling, written_boxes
 from ._planners import ExactLoadPlanner, ExactSavePlanner, dtensor_spec
+from ._st_describe import describe_safetensors
 
 __all__ = [
     "Chunk",
     "ChunkIndex",
     "ExactLoadPlanner",
     "ExactSavePlanner",
+    "ExportResult",
+    "NotExportableError",
     "Read",
     "Tiling",
     "describe_checkpoint",
+    "describe_safetensors",
     "dtensor_spec",
+    "export_safetensors",
     "load",
     "read_metadata",
     "replica_dims",
