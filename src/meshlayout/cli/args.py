@@ -155,6 +155,10 @@ SIZE_UNITS = {
     "mb": 10**6,
     "gb": 10**9,
     "tb": 10**12,
+    "k": 2**10,  # a bare K/M/G/T is the binary unit, as dd and torchrun read it
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,
 }
 _SIZE_RE = re.compile(r"([0-9]+)(?:\.([0-9]+))?\s*([A-Za-z]*)")
 
@@ -162,10 +166,10 @@ _SIZE_RE = re.compile(r"([0-9]+)(?:\.([0-9]+))?\s*([A-Za-z]*)")
 def parse_size(
     text: str, what: str = "--size", *, minimum: int = 1, maximum: int = INT64_MAX
 ) -> int:
-    """A byte count: ``"4096"``, ``"256MiB"``, ``"1.5 GiB"``, ``"2GB"`` (units of :data:`SIZE_UNITS`).
+    """A byte count: ``"4096"``, ``"256MiB"``, ``"64M"``, ``"1.5 GiB"``, ``"2GB"`` (:data:`SIZE_UNITS`).
 
-    KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB powers of 1000, B or no unit
-    bytes; units are case-insensitive. A fraction must come to whole bytes. The
+    KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB powers of 1000, a bare K/M/G/T
+    the binary unit, B or no unit bytes; units are case-insensitive. A fraction must come to whole bytes. The
     result lies in ``[minimum, maximum]``; anything else is an :class:`ArgError`
     naming ``what``.
 
@@ -186,7 +190,7 @@ def parse_size(
     if unit not in SIZE_UNITS:
         raise ArgError(
             f"{what}: unknown unit {m.group(3)!r} in {shown(text)} "
-            "(use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
+            "(use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB or K, M, G, T)"
         )
     numerator = int(whole + frac) * SIZE_UNITS[unit]
     scale: int = 10 ** len(frac)
@@ -215,48 +219,6 @@ def int_arg(minimum: int | None = None, maximum: int = INT64_MAX) -> Callable[[s
 
     convert.__name__ = "int"  # argparse names the type in some messages
     return convert
-
-
-#: Byte multipliers of size suffixes (lower case): binary KiB.., decimal KB.., plain B.
-_UNITS = {"": 1, "b": 1}
-for _i, _p in enumerate("kmgt", start=1):
-    _UNITS[_p + "ib"] = 1024**_i
-    _UNITS[_p + "b"] = 1000**_i
-    _UNITS[_p] = 1024**_i  # a bare K/M/G/T means the binary unit, as dd and torchrun do
-_SIZE_TEXT = re.compile(r"(\d+)(?:\.(\d+))?\s*([A-Za-z]*)")
-
-
-def parse_size(
-    text: str, what: str = "--size", *, minimum: int = 1, maximum: int = INT64_MAX
-) -> int:
-    """Bytes from ``4096``, ``64MiB``, ``64M``, ``1.5GiB``, ``2GB`` (KiB.. = 1024^k, KB.. = 1000^k,
-    a bare K/M/G/T = KiB/MiB/GiB/TiB), in ``[minimum, maximum]``; else ArgError naming ``what``.
-
-    >>> parse_size("64MiB"), parse_size("1.5 GiB"), parse_size("2GB"), parse_size("512")
-    (67108864, 1610612736, 2000000000, 512)
-    >>> parse_size("1.5B", "--buffer")
-    Traceback (most recent call last):
-    ...
-    meshlayout.cli.args.ArgError: --buffer: '1.5B' is not a whole number of bytes
-    """
-    m = _SIZE_TEXT.fullmatch(text.strip())
-    if not m or len(text.strip()) > _MAX_DIGITS:
-        raise ArgError(f"{what}: {shown(text)} is not a size (e.g. 4096, 64MiB, 1.5GiB, 2GB)")
-    whole, frac, unit = m.group(1), m.group(2) or "", m.group(3).lower()
-    if unit not in _UNITS:
-        raise ArgError(
-            f"{what}: unknown unit {m.group(3)!r} in {shown(text)} (use B, KiB, MiB, GiB, TiB, "
-            "KB, MB, GB, TB or K, M, G, T)"
-        )
-    scale: int = 10 ** len(frac)
-    value, rest = divmod(int(whole + frac) * _UNITS[unit], scale)
-    if rest:
-        raise ArgError(f"{what}: {shown(text)} is not a whole number of bytes")
-    if value < minimum:
-        raise ArgError(f"{what}: must be at least {minimum} bytes, got {shown(text)}")
-    if value > maximum:
-        raise ArgError(f"{what}: {shown(text)} is {value} bytes, more than {maximum}")
-    return value
 
 
 def _name(text: str, what: str) -> str:
