@@ -291,16 +291,18 @@ def test_safetensors_header_agrees_with_safe_open(tmp_path: Path) -> None:
     assert ours == theirs and len(ours) == len(arrays)
 
 
-def test_safetensors_header_only(tmp_path: Path) -> None:
-    """A file whose data is cut off still lists its tensors: only the header is read."""
+def test_safetensors_header_checked_against_the_file_size(tmp_path: Path) -> None:
+    """Only the header is read, but a file whose data is cut off is named, not planned."""
     from safetensors.numpy import save_file
 
     path = tmp_path / "big.safetensors"
     save_file({"w": np.ones((256, 256), np.float32)}, str(path))
+    assert safetensors_tensors(path) == (TensorInfo("w", (256, 256), "float32"),)
     n = struct.unpack("<Q", path.read_bytes()[:8])[0]
     cut = tmp_path / "cut.safetensors"
     cut.write_bytes(path.read_bytes()[: 8 + n])
-    assert safetensors_tensors(cut) == (TensorInfo("w", (256, 256), "float32"),)
+    with pytest.raises(ValueError, match=r"cut\.safetensors.*tensor 'w' data_offsets"):
+        safetensors_tensors(cut)
 
 
 @pytest.mark.torch

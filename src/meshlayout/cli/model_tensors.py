@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,7 +103,6 @@ _ALIASES: dict[str, str] = {
 _SUB_BYTE = {"f4", "f6_e2m3", "f6_e3m2", "float4_e2m1fn_x2", "uint4", "int4", "bits"}
 
 #: The largest header this module reads (the safetensors format's own limit is 100 MB).
-HEADER_LIMIT = 100_000_000
 _INDEX = ".safetensors.index.json"
 _INT64_MAX = 2**63 - 1
 
@@ -185,30 +183,13 @@ def _tensor(name: str, shape: object, dtype: object, where: str) -> TensorInfo:
 def safetensors_header(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The JSON header of one ``.safetensors`` file (read without touching tensor data).
 
-    The format: an unsigned 64-bit little-endian header length ``n``, then ``n``
-    bytes of JSON (an object: tensor name -> ``{dtype, shape, data_offsets}``, plus
-    an optional ``__metadata__``). ValueError when the file is too short, the length
-    is past the file's end or past :data:`HEADER_LIMIT`, or the JSON is not an object.
+    The format and its checks are :func:`meshlayout.torch.checkpoint._st_format.read_header`'s
+    (the exporter and ``load_safetensors`` read files through it too); ValueError naming
+    the file when it is not a safetensors file or an entry does not fit it.
     """
-    where = str(path)
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise ValueError(f"{where!r} is not a safetensors file ({len(head)} bytes)")
-        (n,) = struct.unpack("<Q", head)
-        size = os.fstat(f.fileno()).st_size
-        if n > HEADER_LIMIT or n > size - 8:
-            raise ValueError(
-                f"{where!r} is not a safetensors file (header length {n}, file size {size})"
-            )
-        raw = f.read(n)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{where!r}: safetensors header is not JSON ({exc})") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{where!r}: safetensors header is not a JSON object")
-    return header
+    from ..torch.checkpoint._st_format import read_header  # torch: only when a file is read
+
+    return read_header(path)[0]
 
 
 def safetensors_tensors(path: str | os.PathLike[str]) -> tuple[TensorInfo, ...]:

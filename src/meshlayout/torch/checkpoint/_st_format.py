@@ -146,10 +146,12 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], int]:
     with open(where, "rb") as f:
         raw = f.read(8)
         if len(raw) < 8:
-            raise ValueError(f"{str(path)!r}: too short for a safetensors file")
+            raise ValueError(f"{str(path)!r} is not a safetensors file ({len(raw)} bytes)")
         (n,) = struct.unpack("<Q", raw)
         if n > min(_MAX_HEADER, size - 8):
-            raise ValueError(f"{str(path)!r}: header length {n} does not fit the file")
+            raise ValueError(
+                f"{str(path)!r} is not a safetensors file (header length {n}, file size {size})"
+            )
         text = f.read(n)
     try:
         header = json.loads(text)
