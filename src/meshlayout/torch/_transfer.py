@@ -384,7 +384,7 @@ def _value_bits(values: torch.Tensor) -> torch.Tensor:
         return flat.to(torch.int64)
     if size in (1, 2, 4, 8):
         kind = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
-        return flat.view(kind).to(torch.int64)
+        return flat.view(kind).to(torch.int64, copy=True)  # a new tensor: hashed in place
     pairs = flat.view(torch.int64).reshape(len(flat), -1)
     out = pairs[:, 0].clone()
     for j in range(1, pairs.shape[1]):
@@ -392,27 +392,34 @@ def _value_bits(values: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _signed(value: int) -> int:
+    """``value`` mod 2^64 as a signed 64-bit int (torch's int64 wraps the same way)."""
+    value &= _MASK64
+    return value - (1 << 64) if value >> 63 else value
+
+
 def _fingerprint(
     region: torch.Tensor, box: tuple[tuple[int, int], ...], shape: tuple[int, ...], dtype: Any
 ) -> int:
     """Sum over the elements of ``region`` (global ``box`` of a tensor of ``shape``) of
-    mix(global flat index, bits in ``dtype``), mod 2^64; in chunks of bounded size."""
-    strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+    ``((i * C1) xor bits)**2`` mod 2^64, ``i`` the global flat index and ``bits`` the
+    value's bits in ``dtype``: order-independent, position-aware (moving a value to
+    another index changes its term; the square makes terms non-linear, so two
+    exchanged values do not cancel). In chunks of bounded size, in place."""
+    strides = [_signed(math.prod(shape[d + 1 :]) * _C1) for d in range(len(shape))]
     total = 0
     for sub in slabs(box, 1, _HASH_CHUNK) if math.prod(b - a for a, b in box) else []:
         rel = tuple(slice(a - b0, c - b0) for (a, c), (b0, _) in zip(sub, box))
         bits = _value_bits(region[rel].to(dtype))
-        idx = torch.zeros((), dtype=torch.int64)
-        for d, (a, c) in enumerate(sub):
+        x = torch.zeros((), dtype=torch.int64)
+        for d, (a, c) in enumerate(sub):  # i * C1 (mod 2^64), broadcast over the box
             view = [1] * len(sub)
             view[d] = c - a
-            idx = idx + (torch.arange(a, c, dtype=torch.int64) * strides[d]).view(view)
-        x = idx.reshape(-1).expand(len(bits)) if idx.numel() == 1 else idx.reshape(-1)
-        x = x * _C1 + bits
-        x = x ^ (x >> 31)
-        x = x * _C2
-        x = x ^ (x >> 29)
-        total += int(x.sum())
+            x = x + (torch.arange(a, c, dtype=torch.int64) * strides[d]).view(view)
+        x = x.reshape(-1).expand(len(bits)) if x.numel() == 1 else x.reshape(-1)
+        bits.bitwise_xor_(x)
+        bits.mul_(bits)
+        total += int(bits.sum())
     return total & _MASK64
 
 
