@@ -300,6 +300,46 @@ def _fused_out(rank: int) -> dict[str, Any]:
     return {"problems": problems}
 
 
+def _api_cases(rank: int) -> dict[str, Any]:
+    """transfer() in one shot, run(src_tensors=...) with new pieces, bad out= / src_tensors."""
+    import torch
+
+    from meshlayout.torch import WeightTransfer, transfer
+
+    tensors: Tensors = {
+        "w": (
+            ShardingSpec((7, 5), Mesh({"dp": 3, "tp": 2}), [StridedShard(0, 2), Shard(0)]),
+            ShardingSpec((7, 5), Mesh({"tp": 3}, ranks=[3, 4, 5]), [Shard(1)]),
+            "float32",
+            "float64",
+        )
+    }
+    src, dst = _inputs(rank, tensors)
+    out: dict[str, Any] = {}
+    got = transfer(src, dst, bucket_bytes=24, timeout=60, verify=True)
+    out["one shot"] = _compare(got, rank, tensors)
+    wt = WeightTransfer(src, dst, bucket_bytes=24, timeout=60)
+    fresh = {n: local * 5 for n, (local, _) in src.items()} if src else None
+    out["src_tensors"] = _compare(wt.run(src_tensors=fresh), rank, tensors, scale=5)
+    errors = []
+    for bad in ({"w": torch.zeros(1, 1, dtype=torch.float64)}, {}):
+        if rank in (3, 4, 5):
+            try:
+                wt.run(out=bad)
+                errors.append("no error")
+            except (ValueError, KeyError) as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+    if src is not None:
+        try:
+            wt.run(src_tensors={})
+            errors.append("no error")
+        except KeyError as exc:
+            errors.append(f"KeyError: {exc}")
+    out["errors"] = errors
+    wt.run()  # everybody still in step
+    return out
+
+
 def _verify_cases(rank: int) -> dict[str, Any]:
     """A faulty unpack step (permuted rows, a wrong offset, a stale slab) and source
     replicas holding different values must fail verification on every rank."""
@@ -484,6 +524,7 @@ def _body(rank: int, world: int, scenarios: list[Model]) -> dict[str, Any]:
     for key, fn in (
         ("dtensors", _fsdp_dtensors),
         ("fused", _fused_out),
+        ("api", _api_cases),
         ("verify", _verify_cases),
         ("mismatch", _mismatch_cases),
         ("timeout", _timeout_cases),  # last: rank 5 leaves
@@ -552,6 +593,22 @@ def test_out_views_into_a_fused_parameter(
     _, results = outcome
     for r in range(WORLD):
         assert results[r]["fused"] == {"problems": []}, results[r]["fused"]
+
+
+def test_one_shot_new_sources_and_bad_arguments(
+    outcome: tuple[list[Model], list[dict[str, Any]]],
+) -> None:
+    _, results = outcome
+    for r in range(WORLD):
+        got = results[r]["api"]
+        assert "error" not in got, got.get("error")
+        assert got["one shot"] == [] and got["src_tensors"] == [], (r, got)
+        errors = got["errors"]
+        if r in (3, 4, 5):
+            assert errors[0].startswith("ValueError: out['w'] on rank"), errors
+            assert "float64 (1, 1)" in errors[0], errors
+            assert errors[1].startswith("KeyError") and "missing ['w']" in errors[1], errors
+        assert errors[-1].startswith("KeyError") and "missing ['w']" in errors[-1], errors
 
 
 def test_verify_catches_corruption_and_disagreeing_replicas(
