@@ -28,13 +28,14 @@ may be caller-owned views (``out=``, e.g. the q rows of a fused qkv weight). Rep
 runs reuse the plan, schedule and buffers: nothing is planned or allocated again
 (except the results when ``out`` is not given).
 
-``verify=True`` adds one small all-reduce: per tensor, an order-independent,
-position-aware fingerprint (sum over elements of a mix of the global flat index and
-the value's bits in the destination dtype, mod 2^64) of (a) the source elements,
-each counted once (the lowest holder of each piece), (b) every source holder's
-piece and (c) every destination piece; (b) must equal the holders per piece times
-(a) (else source replicas disagree) and (c) the destination holders per piece times
-(a) (else a destination element is wrong). See ``docs/transfer.md``.
+``verify=True`` adds one small all-reduce (12 int64 per tensor): per tensor, an
+order-independent, position-aware fingerprint (the sum over elements of
+``((i * C) xor bits)**2`` mod 2^64, ``i`` the global flat index, ``bits`` the value's
+bits in the destination dtype) of (a) the source elements, each counted once (the
+lowest holder of each piece), (b) every source holder's piece and (c) every
+destination piece; (b) must equal the holders per piece times (a) (else source
+replicas disagree) and (c) the destination holders per piece times (a) (else a
+destination element is wrong). See ``docs/transfer.md``.
 
 Example (ranks 0-3 train with FSDP over TP, ranks 4-5 serve with TP)::
 
