@@ -52,6 +52,8 @@ bench: setup
 	$(PY) benchmarks/bench_runtime.py
 	$(PY) benchmarks/bench_reshard_plan.py
 	$(PY) benchmarks/bench_reshard.py
+	$(PY) benchmarks/bench_transfer_plan.py
+	$(PY) benchmarks/bench_transfer.py
 	$(PY) benchmarks/bench_checkpoint.py
 
 $(LATEST_STAMP): pyproject.toml

@@ -9,11 +9,12 @@ Needs torch and an initialised default process group (``torchrun`` or
 from __future__ import annotations
 
 from . import _requirements  # noqa: F401  (first: explains a missing or old torch)
-from ._errors import MeshMismatchError, RankTimeoutError
+from ._errors import MeshMismatchError, RankTimeoutError, TransferVerificationError
 from ._mesh import DistributedMesh, init_mesh, mesh_fingerprint
 from ._parallel import HostLayoutWarning, ParallelMeshes, build, build_parallel_dims
 from ._reshard import reshard
 from ._tensor import distribute, full_tensor, redistribute
+from ._transfer import WeightTransfer, transfer
 
 __all__ = [
     "DistributedMesh",
@@ -21,6 +22,8 @@ __all__ = [
     "MeshMismatchError",
     "ParallelMeshes",
     "RankTimeoutError",
+    "TransferVerificationError",
+    "WeightTransfer",
     "build",
     "build_parallel_dims",
     "distribute",
@@ -29,4 +32,5 @@ __all__ = [
     "mesh_fingerprint",
     "redistribute",
     "reshard",
+    "transfer",
 ]

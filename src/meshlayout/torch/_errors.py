@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["MeshMismatchError", "RankTimeoutError"]
+__all__ = ["MeshMismatchError", "RankTimeoutError", "TransferVerificationError"]
 
 
 class MeshMismatchError(ValueError):
@@ -53,3 +53,23 @@ def format_ranks(ranks: Sequence[int], limit: int = 16) -> str:
         return "[" + ", ".join(map(str, ranks)) + "]"
     head = ", ".join(map(str, ranks[:limit]))
     return f"[{head}, ... (+{len(ranks) - limit} more)]"
+
+
+class TransferVerificationError(RuntimeError):
+    """A weight transfer's fingerprints disagree; raised on *every* participating rank.
+
+    ``tensors``: names whose destination pieces differ from the source (a wrong,
+    missing or stale element somewhere); ``replicas``: names whose source replicas
+    (ranks holding the same elements) hold different values.
+
+    >>> err = TransferVerificationError("...", tensors=["w"], replicas=[])
+    >>> err.tensors, err.replicas
+    (('w',), ())
+    """
+
+    def __init__(
+        self, message: str, *, tensors: Sequence[str] = (), replicas: Sequence[str] = ()
+    ) -> None:
+        super().__init__(message)
+        self.tensors = tuple(tensors)
+        self.replicas = tuple(replicas)

@@ -1,0 +1,751 @@
+"""Move a whole model between parallel layouts: bounded rounds of one collective each.
+
+:class:`WeightTransfer` executes :func:`meshlayout.sharding.transfer_plan` (DESIGN.md
+§8): an RL trainer (FSDP2 + TP) pushing every parameter to inference workers (TP,
+often on other ranks) after each step, or a job restarted on another layout.
+
+Construction (collective over the union of both rank sets; other ranks do not call it):
+
+1. **Metadata** through the default store, bounded by ``timeout``: each side posts its
+   rank set, then every rank posts (a digest of) what it holds: per name, the spec and
+   dtype of its source piece and of its destination piece. The lowest rank of the
+   union reads each distinct post once, checks that ranks agree, that every rank of a
+   tensor's mesh passed it and that both sides name the same tensors, and posts the
+   verdict; on a disagreement every rank raises
+   :class:`~meshlayout.torch.MeshMismatchError` naming the tensors and ranks, before
+   any data moves; absent ranks are named in a
+   :class:`~meshlayout.torch.RankTimeoutError`. O(1) store operations per rank (the
+   lowest: O(ranks)).
+2. **Plan** (pure, identical on every rank) and this rank's schedule: per round, the
+   boxes it packs and unpacks as slices of its local pieces with their byte offsets.
+3. **Buffers**: one send and one receive byte buffer, each the largest round's size
+   for this rank (at most ``bucket_bytes``), allocated once.
+
+:meth:`WeightTransfer.run` then copies local boxes directly, and per round packs
+(casting to the destination dtype), runs **one** ``all_to_all_single`` over the union
+group (created by its members only) and unpacks into the destination pieces, which
+may be caller-owned views (``out=``, e.g. the q rows of a fused qkv weight). Repeated
+runs reuse the plan, schedule and buffers: nothing is planned or allocated again
+(except the results when ``out`` is not given).
+
+``verify=True`` adds one small all-reduce (12 int64 per tensor): per tensor, an
+order-independent, position-aware fingerprint (the sum over elements of
+``((i * C) xor bits)**2`` mod 2^64, ``i`` the global flat index, ``bits`` the value's
+bits in the destination dtype) of (a) the source elements, each counted once (the
+lowest holder of each piece), (b) every source holder's piece and (c) every
+destination piece; (b) must equal the holders per piece times (a) (else source
+replicas disagree) and (c) the destination holders per piece times (a) (else a
+destination element is wrong). See ``docs/transfer.md``.
+
+Example (ranks 0-3 train with FSDP over TP, ranks 4-5 serve with TP)::
+
+    wt = WeightTransfer(
+        {n: p for n, p in model.named_parameters()} if training else None,
+        {n: (spec, torch.bfloat16) for n, spec in serving_specs.items()} if serving else None,
+    )
+    weights = wt.run()              # every step: ranks 4-5 get their bf16 TP pieces
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import pickle
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..sharding import ShardingSpec, TransferPlan, local_slices, pieces, run_boxes, slabs
+from ..sharding import transfer_plan as _transfer_plan
+from . import _c10d
+from ._collectives import Bounded, all_reduce, all_to_all
+from ._errors import MeshMismatchError, RankTimeoutError, TransferVerificationError, format_ranks
+from ._groups import get_group
+from ._store import as_timedelta, gather_arrivals
+
+__all__ = ["WeightTransfer", "transfer"]
+
+Slices = tuple[slice, ...]
+_MASK64 = (1 << 64) - 1
+_HASH_CHUNK = 1 << 20  # elements hashed at a time (bounds the fingerprint's temporaries)
+_CAST_CHUNK = 1 << 22  # bytes cast at a time when a packed piece is not aligned
+
+
+@dataclass(frozen=True)
+class _Item:
+    """One box in this rank's buffer: slices of its local piece, byte offset, size."""
+
+    name: str
+    slices: Slices
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class _Round:
+    sends: tuple[_Item, ...]
+    recvs: tuple[_Item, ...]
+    send_sizes: tuple[int, ...]  # bytes per member of the union (ascending ranks)
+    recv_sizes: tuple[int, ...]
+
+
+# ---------------------------------------------------------------------- inputs
+def _spec_of_dtensor(value: Any) -> ShardingSpec:
+    from .checkpoint._planners import dtensor_spec  # DTensor users have DCP loaded
+
+    return dtensor_spec(value)
+
+
+def _is_dtensor(value: object) -> bool:
+    module = sys.modules.get("torch.distributed.tensor")  # never imported: no DTensor exists
+    return module is not None and isinstance(value, module.DTensor)
+
+
+def _source_piece(name: str, value: object, me: int) -> tuple[torch.Tensor, ShardingSpec]:
+    """(local piece, spec) of one source entry: a DTensor or ``(tensor, ShardingSpec)``."""
+    if _is_dtensor(value):
+        spec = _spec_of_dtensor(value)
+        local = _c10d.local_tensor(value)
+    elif (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and isinstance(value[0], torch.Tensor)
+        and isinstance(value[1], ShardingSpec)
+    ):
+        local, spec = value
+    else:
+        raise TypeError(
+            f"src[{name!r}] must be a DTensor or a (local piece, ShardingSpec) pair, got "
+            f"{type(value).__name__}"
+        )
+    _check_piece(name, local, spec, me, "source")
+    return local.detach(), spec
+
+
+def _check_piece(name: str, local: torch.Tensor, spec: ShardingSpec, me: int, side: str) -> None:
+    want = spec.local_shape(me) if me in spec.mesh else None
+    if want is None:
+        raise ValueError(
+            f"{name!r}: rank {me} is not in the {side} mesh {spec.mesh!r} of this tensor"
+        )
+    if tuple(local.shape) != want:
+        raise ValueError(
+            f"{name!r}: the {side} piece of rank {me} has shape {tuple(local.shape)}, its "
+            f"spec says {want} (placements {list(spec.placements())} of {spec.global_shape})"
+        )
+    if local.is_sparse or local.layout != torch.strided or local.device.type == "meta":
+        raise ValueError(f"{name!r}: the {side} piece must be a dense tensor with data")
+
+
+def _dest_entry(name: str, value: object) -> tuple[ShardingSpec, torch.dtype | None]:
+    if isinstance(value, ShardingSpec):
+        return value, None
+    if (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and isinstance(value[0], ShardingSpec)
+        and isinstance(value[1], torch.dtype)
+    ):
+        return value[0], value[1]
+    raise TypeError(
+        f"dst[{name!r}] must be a ShardingSpec or a (ShardingSpec, torch.dtype) pair, got {value!r}"
+    )
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name)
+    assert isinstance(dtype, torch.dtype)
+    return dtype
+
+
+# ---------------------------------------------------------------------- metadata exchange
+class _Sequence:
+    """Per default group: the WeightTransfers this process has constructed.
+
+    The two sides know only their own rank sets, so they meet under a key made of
+    this count: the ranks of a transfer's union construct their transfers in the
+    same order (like collectives), and a rank outside a transfer's union must not
+    construct other transfers meanwhile (every process takes part in every
+    transfer, or transfers run one after another on the same processes).
+    """
+
+    def __init__(self) -> None:
+        self.world: object = None
+        self.generation = 0
+        self.count = 0
+
+    def next(self) -> str:
+        world = dist.group.WORLD
+        if world is not self.world:
+            self.world = world
+            self.generation += 1
+            self.count = 0
+        n = self.count
+        self.count += 1
+        return f"meshlayout/transfer/{self.generation}/{n}"
+
+
+_SEQUENCE = _Sequence()
+
+# what one rank posts: name -> (spec, dtype name) per side
+_Meta = tuple[dict[str, tuple[ShardingSpec, str]], dict[str, tuple[ShardingSpec, str | None]]]
+
+
+def _mesh_ranks(spec: ShardingSpec) -> list[int]:
+    return np.asarray(spec.mesh.submeshes(), dtype=np.int64).reshape(-1).tolist()  # type: ignore[no-any-return]
+
+
+def _side_ranks(specs: Any) -> list[int]:
+    meshes = {spec.mesh: spec for spec, _ in specs.values()}
+    return sorted({r for spec in meshes.values() for r in _mesh_ranks(spec)})
+
+
+def _wait_key(
+    store: Any,
+    key: str,
+    timeout: timedelta,
+    message: str,
+    missing: list[int],
+    describe: Callable[[], str],
+) -> bytes:
+    try:
+        store.wait([key], timeout)
+    except Exception as exc:  # DistStoreError / RuntimeError on timeout
+        if not store.check([key]):
+            raise RankTimeoutError(message + describe(), missing=missing) from exc
+    value: bytes = store.get(key)
+    return value
+
+
+def _describe_others(
+    store: Any, me: int, ns: str, names: list[str], ranks: Sequence[int] | None = None
+) -> str:
+    """Failure path: what other ranks (default: every rank) last constructed, when it
+    is not this WeightTransfer (O(ranks) store reads)."""
+    lines = []
+    mine = set(names)
+    for r in range(dist.get_world_size()) if ranks is None else ranks:
+        key = f"meshlayout/transfer/last/{r}"
+        if r == me or not store.check([key]):
+            if r != me and ranks is not None:
+                lines.append(f"\n  rank {r}: has constructed no WeightTransfer")
+            continue
+        last = json.loads(store.get(key).decode())
+        if last["key"] == ns:
+            continue
+        theirs = set(last["names"])
+        lines.append(
+            f"\n  rank {r}: last constructed {last['key']} (this one is {ns}); tensors only "
+            f"there {sorted(theirs - mine)[:10]}, only here {sorted(mine - theirs)[:10]}"
+        )
+        if len(lines) >= 8:
+            break
+    return "".join(lines)
+
+
+def _exchange(me: int, meta: _Meta, timeout: timedelta) -> tuple[tuple[int, ...], _Meta]:
+    """Agree on every tensor's specs and dtypes with the other ranks (see module doc)."""
+    store = _c10d.default_store()
+    src_meta, dst_meta = meta
+    names = sorted(set(src_meta) | set(dst_meta))
+    ns = _SEQUENCE.next()
+    store.set(f"meshlayout/transfer/last/{me}", json.dumps({"key": ns, "names": names}))
+    secs = f"{timeout.total_seconds():g}s"
+    if src_meta:
+        store.compare_set(f"{ns}/S", "", " ".join(map(str, _side_ranks(src_meta))))
+    if dst_meta:
+        store.compare_set(f"{ns}/D", "", " ".join(map(str, _side_ranks(dst_meta))))
+    sides = {}
+    for key, side in (("S", "source"), ("D", "destination")):
+        text = _wait_key(
+            store,
+            f"{ns}/{key}",
+            timeout,
+            f"WeightTransfer: rank {me} waited {secs}; no {side} rank reached this "
+            f"WeightTransfer ({ns})",
+            [],
+            lambda: _describe_others(store, me, ns, names),
+        )
+        sides[key] = [int(r) for r in text.decode().split()]
+    union = tuple(sorted(set(sides["S"]) | set(sides["D"])))
+    if me not in union:
+        raise ValueError(
+            f"WeightTransfer: rank {me} is in neither side's meshes (source "
+            f"{format_ranks(sides['S'])}, destination {format_ranks(sides['D'])})"
+        )
+    blob = base64.b64encode(pickle.dumps(meta)).decode()
+    digest = hashlib.sha1(blob.encode(), usedforsecurity=False).hexdigest()
+    store.set(f"{ns}/blob/{digest}", blob)
+    store.set(f"{ns}/fp/{me}", digest)
+    try:
+        gather_arrivals(store, ns, union, me, timeout, "WeightTransfer metadata exchange")
+    except RankTimeoutError as exc:
+        note = _describe_others(store, me, ns, names, exc.missing)
+        raise RankTimeoutError(f"{exc}{note}", missing=exc.missing) from exc
+    leader = union[0]
+    if me == leader:
+        digests = [d.decode() for d in store.multi_get([f"{ns}/fp/{r}" for r in union])]
+        posts = {d: _loads(store.get(f"{ns}/blob/{d}")) for d in set(digests)}
+        verdict = _merge(union, {r: posts[d] for r, d in zip(union, digests)})
+        store.set(f"{ns}/verdict", base64.b64encode(pickle.dumps(verdict)).decode())
+    raw = _wait_key(
+        store,
+        f"{ns}/verdict",
+        timeout,
+        f"WeightTransfer: rank {me} waited {secs} for the verdict of rank {leader}",
+        [leader],
+        lambda: "",
+    )
+    verdict = _loads(raw)
+    if verdict[0] == "error":
+        _, message, ranks, names = verdict
+        raise MeshMismatchError(message, ranks=ranks, fields=names)
+    return union, verdict[1]
+
+
+def _loads(raw: bytes) -> Any:
+    """Posts come from the ranks of this job (the default store's members)."""
+    return pickle.loads(base64.b64decode(raw))
+
+
+def _merge(union: tuple[int, ...], posts: dict[int, _Meta]) -> tuple[Any, ...]:
+    """("ok", merged metadata) or ("error", message, ranks, tensor names)."""
+    problems: list[str] = []
+    bad_ranks: set[int] = set()
+    bad_names: set[str] = set()
+    merged: list[dict[str, Any]] = []
+    for side_index, side in enumerate(("source", "destination")):
+        by_name: dict[str, dict[Any, list[int]]] = {}
+        for r in union:
+            for name, entry in posts[r][side_index].items():
+                by_name.setdefault(name, {}).setdefault(entry, []).append(r)
+        chosen: dict[str, Any] = {}
+        for name in sorted(by_name):
+            variants = sorted(by_name[name].items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+            entry, ranks = variants[0]
+            chosen[name] = entry
+            if len(variants) > 1:
+                bad_names.add(name)
+                lines = [f"tensor {name!r}: {side} ranks disagree:"]
+                for (spec, dtype), rs in variants:
+                    lines.append(f"    ranks {format_ranks(rs)}: {spec!r}, dtype {dtype}")
+                    if rs is not ranks:
+                        bad_ranks.update(rs)
+                problems.append("\n".join(lines))
+                continue
+            absent = sorted(set(_mesh_ranks(entry[0])) - set(ranks))
+            if absent:
+                bad_names.add(name)
+                bad_ranks.update(absent)
+                problems.append(
+                    f"tensor {name!r}: {side} ranks {format_ranks(absent)} of its mesh did not "
+                    f"pass it (ranks {format_ranks(ranks)} did)"
+                )
+        merged.append(chosen)
+    only_src = sorted(set(merged[0]) - set(merged[1]))
+    only_dst = sorted(set(merged[1]) - set(merged[0]))
+    if only_src or only_dst:
+        bad_names.update(only_src + only_dst)
+        problems.append(
+            f"tensor names differ: only on the source side {only_src[:20]}, only on the "
+            f"destination side {only_dst[:20]}"
+        )
+    if problems:
+        shown = problems[:12] + (
+            [f"... and {len(problems) - 12} more"] if len(problems) > 12 else []
+        )
+        message = "WeightTransfer: the sides disagree:\n  " + "\n  ".join(shown)
+        return ("error", message, sorted(bad_ranks), sorted(bad_names))
+    return ("ok", (merged[0], merged[1]))
+
+
+# ---------------------------------------------------------------------- fingerprints
+_C1 = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64
+_C2 = -4658895280553007687  # 0xBF58476D1CE4E5B9
+_C3 = -7723592293110705685  # 0x94D049BB133111EB
+
+
+def _value_bits(values: torch.Tensor) -> torch.Tensor:
+    """The bits of each element as int64 (flat), for any dtype of 1-16 bytes."""
+    flat = values.contiguous().reshape(-1)
+    size = flat.element_size()
+    if flat.dtype == torch.bool:
+        return flat.to(torch.int64)
+    if size in (1, 2, 4, 8):
+        kind = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
+        return flat.view(kind).to(torch.int64, copy=True)  # a new tensor: hashed in place
+    pairs = flat.view(torch.int64).reshape(len(flat), -1)
+    out = pairs[:, 0].clone()
+    for j in range(1, pairs.shape[1]):
+        out = out * _C3 + pairs[:, j]
+    return out
+
+
+def _signed(value: int) -> int:
+    """``value`` mod 2^64 as a signed 64-bit int (torch's int64 wraps the same way)."""
+    value &= _MASK64
+    return value - (1 << 64) if value >> 63 else value
+
+
+def _fingerprint(
+    region: torch.Tensor, box: tuple[tuple[int, int], ...], shape: tuple[int, ...], dtype: Any
+) -> int:
+    """Sum over the elements of ``region`` (global ``box`` of a tensor of ``shape``) of
+    ``((i * C1) xor bits)**2`` mod 2^64, ``i`` the global flat index and ``bits`` the
+    value's bits in ``dtype``: order-independent, position-aware (moving a value to
+    another index changes its term; the square makes terms non-linear, so two
+    exchanged values do not cancel). In chunks of bounded size, in place."""
+    strides = [_signed(math.prod(shape[d + 1 :]) * _C1) for d in range(len(shape))]
+    total = 0
+    for sub in slabs(box, 1, _HASH_CHUNK) if math.prod(b - a for a, b in box) else []:
+        rel = tuple(slice(a - b0, c - b0) for (a, c), (b0, _) in zip(sub, box))
+        bits = _value_bits(region[rel].to(dtype))
+        x = torch.zeros((), dtype=torch.int64)
+        for d, (a, c) in enumerate(sub):  # i * C1 (mod 2^64), broadcast over the box
+            view = [1] * len(sub)
+            view[d] = c - a
+            x = x + (torch.arange(a, c, dtype=torch.int64) * strides[d]).view(view)
+        x = x.reshape(-1).expand(len(bits)) if x.numel() == 1 else x.reshape(-1)
+        bits.bitwise_xor_(x)
+        bits.mul_(bits)
+        total += int(bits.sum())
+    return total & _MASK64
+
+
+def _limbs(value: int) -> list[int]:
+    return [(value >> (16 * k)) & 0xFFFF for k in range(4)]
+
+
+def _unlimb(limbs: list[int]) -> int:
+    return sum(v << (16 * k) for k, v in enumerate(limbs)) & _MASK64
+
+
+# ---------------------------------------------------------------------- the executor
+class WeightTransfer:
+    """A repeatable, exact transfer of a model between two parallel layouts (DESIGN §8).
+
+    ``src``: on source ranks, name -> DTensor (FSDP2, TP, HSDP, ...) or ``(local
+    piece, ShardingSpec)``; None elsewhere. ``dst``: on destination ranks, name ->
+    ``ShardingSpec`` or ``(ShardingSpec, dtype)`` (default dtype: the source's);
+    None elsewhere. A rank on both sides passes both. Collective over the union of
+    both rank sets (other ranks do not call it); the processes construct their
+    WeightTransfers in the same order (the sides know only their own rank sets and
+    meet by that count: a process outside one transfer's union must not construct
+    another one meanwhile). ``bucket_bytes``: the most any rank sends, and
+    receives, per round (its send and receive buffers are at most that big);
+    ``ranks_per_host``: prefer same-host senders among replicas; ``timeout`` (seconds
+    or ``timedelta``; default c10d's) bounds every wait and collective.
+
+    Attributes: :attr:`plan` (the :class:`~meshlayout.sharding.TransferPlan`),
+    :attr:`members` (the union, ascending), :attr:`send_buffer`,
+    :attr:`recv_buffer` (the byte buffers, reused by every run).
+    """
+
+    def __init__(
+        self,
+        src: Mapping[str, Any] | None,
+        dst: Mapping[str, Any] | None,
+        *,
+        bucket_bytes: int = 256 * 2**20,
+        ranks_per_host: int | None = None,
+        timeout: timedelta | float | None = None,
+    ) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "WeightTransfer needs an initialised default process group: launch with "
+                "torchrun (or call torch.distributed.init_process_group) first"
+            )
+        for what, m in (("src", src), ("dst", dst)):
+            if m is not None and not isinstance(m, Mapping):
+                raise TypeError(f"{what} must be a mapping name -> value or None, got {m!r}")
+        if not src and not dst:
+            raise ValueError(
+                "WeightTransfer: this rank passes neither source tensors nor destination "
+                "specs; only ranks of the union of both sides call it"
+            )
+        me = dist.get_rank()
+        self.rank = me
+        self.timeout = as_timedelta(timeout, _c10d.default_timeout())
+        self._sources: dict[str, torch.Tensor] = {}
+        src_meta: dict[str, tuple[ShardingSpec, str]] = {}
+        for name, value in (src or {}).items():
+            local, spec = _source_piece(name, value, me)
+            self._sources[name] = local
+            src_meta[name] = (spec, _dtype_name(local.dtype))
+        dst_meta: dict[str, tuple[ShardingSpec, str | None]] = {}
+        for name, value in (dst or {}).items():
+            spec, dtype = _dest_entry(name, value)
+            if me not in spec.mesh:
+                raise ValueError(f"dst[{name!r}]: rank {me} is not in its mesh {spec.mesh!r}")
+            dst_meta[name] = (spec, None if dtype is None else _dtype_name(dtype))
+        self.members, (src_all, dst_all) = _exchange(me, (src_meta, dst_meta), self.timeout)
+        self.src_specs: dict[str, ShardingSpec] = {n: s for n, (s, _) in src_all.items()}
+        self.dst_specs: dict[str, ShardingSpec] = {n: s for n, (s, _) in dst_all.items()}
+        self.dst_dtypes: dict[str, torch.dtype] = {
+            n: _dtype(d if d is not None else src_all[n][1]) for n, (_, d) in dst_all.items()
+        }
+        self._itemsize = {
+            n: torch.empty((), dtype=d).element_size() for n, d in self.dst_dtypes.items()
+        }
+        self.plan: TransferPlan = _transfer_plan(
+            self.src_specs,
+            self.dst_specs,
+            self._itemsize,
+            bucket_bytes=bucket_bytes,
+            ranks_per_host=ranks_per_host,
+        )
+        self._src_names = tuple(n for n in self.plan.names if me in self.src_specs[n].mesh)
+        self._dst_names = tuple(n for n in self.plan.names if me in self.dst_specs[n].mesh)
+        self._rounds = self._schedule()
+        self._copies = tuple(
+            (
+                name,
+                local_slices(self.src_specs[name], me, box),
+                local_slices(self.dst_specs[name], me, box),
+            )
+            for name, box in self.plan.local_copies(me)
+        )
+        first = next(iter(self._sources.values()), None)
+        if first is not None:
+            self.device = first.device
+        elif str(dist.get_backend()) == "nccl":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+        send_max = max((sum(r.send_sizes) for r in self._rounds), default=0)
+        recv_max = max((sum(r.recv_sizes) for r in self._rounds), default=0)
+        self.send_buffer = torch.empty(send_max, dtype=torch.uint8, device=self.device)
+        self.recv_buffer = torch.empty(recv_max, dtype=torch.uint8, device=self.device)
+        group = get_group(self.members, timeout=self.timeout, group_desc="meshlayout_transfer")
+        self._bounded = Bounded(group, self.members, self.timeout, "WeightTransfer")
+        self._verify_info: dict[str, tuple[bool, int, int]] | None = None
+
+    # ------------------------------------------------------------------ schedule
+    def _schedule(self) -> tuple[_Round, ...]:
+        me = self.rank
+        out = []
+        for rnd in self.plan.rounds:
+            sends = tuple(
+                _Item(s.name, local_slices(self.src_specs[s.name], me, s.box), s.offset, s.nbytes)
+                for s in rnd.sends(me)
+            )
+            recvs = tuple(
+                _Item(s.name, local_slices(self.dst_specs[s.name], me, s.box), s.offset, s.nbytes)
+                for s in rnd.receives(me)
+            )
+            out.append(_Round(sends, recvs, rnd.send_sizes(me), rnd.recv_sizes(me)))
+        return tuple(out)
+
+    # ------------------------------------------------------------------ run
+    def run(
+        self,
+        src_tensors: Mapping[str, Any] | None = None,
+        out: Mapping[str, torch.Tensor] | None = None,
+        *,
+        verify: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """Move the current source pieces; returns name -> destination piece (``{}`` on
+        source-only ranks). Collective over :attr:`members`; repeatable.
+
+        ``src_tensors``: name -> current local piece (or DTensor) on source ranks
+        (default: the pieces given at construction; they may have changed in place).
+        ``out``: name -> preallocated destination piece (shape of the spec's local
+        piece, the destination dtype; any strides, e.g. a view into a fused
+        parameter), filled in place and returned; default: new tensors.
+        ``verify``: compare fingerprints with one extra all-reduce and raise
+        :class:`~meshlayout.torch.TransferVerificationError` on every rank on a
+        mismatch.
+        """
+        srcs = self._current_sources(src_tensors)
+        outs = self._outputs(out)
+        with torch.no_grad():
+            for name, s_sl, d_sl in self._copies:
+                outs[name][d_sl].copy_(srcs[name][s_sl])
+            for i, rnd in enumerate(self._rounds):
+                send = self.send_buffer[: sum(rnd.send_sizes)]
+                recv = self.recv_buffer[: sum(rnd.recv_sizes)]
+                self._pack(rnd, srcs, send)
+                all_to_all(self._bounded, recv, send, rnd.recv_sizes, rnd.send_sizes)
+                self.unpack(i, recv, outs)
+            if verify:
+                self._verify(srcs, outs)
+        return outs
+
+    def _current_sources(self, given: Mapping[str, Any] | None) -> dict[str, torch.Tensor]:
+        if given is None:
+            return self._sources
+        if not isinstance(given, Mapping):
+            raise TypeError(f"src_tensors must be a mapping name -> tensor, got {given!r}")
+        missing = [n for n in self._src_names if n not in given]
+        extra = [n for n in given if n not in self.src_specs or n not in self._sources]
+        if missing or extra:
+            raise KeyError(
+                f"src_tensors on rank {self.rank}: missing {missing[:10]}, not source tensors "
+                f"of this rank {extra[:10]}"
+            )
+        out = {}
+        for name in self._src_names:
+            value = given[name]
+            local = _c10d.local_tensor(value) if _is_dtensor(value) else value
+            if not isinstance(local, torch.Tensor):
+                raise TypeError(f"src_tensors[{name!r}] must be a tensor, got {type(value)}")
+            _check_piece(name, local, self.src_specs[name], self.rank, "source")
+            out[name] = local.detach()
+        return out
+
+    def _outputs(self, out: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        me = self.rank
+        if out is None:
+            return {
+                n: torch.empty(
+                    self.dst_specs[n].local_shape(me), dtype=self.dst_dtypes[n], device=self.device
+                )
+                for n in self._dst_names
+            }
+        if not isinstance(out, Mapping):
+            raise TypeError(f"out must be a mapping name -> tensor, got {out!r}")
+        missing = [n for n in self._dst_names if n not in out]
+        extra = [n for n in out if n not in self._dst_names]
+        if missing or extra:
+            raise KeyError(
+                f"out on rank {me}: missing {missing[:10]}, not destination tensors of this "
+                f"rank {extra[:10]}"
+            )
+        for name in self._dst_names:
+            t = out[name]
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"out[{name!r}] must be a tensor, got {type(t).__name__}")
+            want = self.dst_specs[name].local_shape(me)
+            if tuple(t.shape) != want or t.dtype != self.dst_dtypes[name]:
+                raise ValueError(
+                    f"out[{name!r}] on rank {me} is {t.dtype} {tuple(t.shape)}; the destination "
+                    f"piece is {self.dst_dtypes[name]} {want}"
+                )
+        return dict(out)
+
+    def _pack(self, rnd: _Round, srcs: Mapping[str, torch.Tensor], send: torch.Tensor) -> None:
+        for item in rnd.sends:
+            region = srcs[item.name][item.slices]
+            dtype = self.dst_dtypes[item.name]
+            size = self._itemsize[item.name]
+            dest = send[item.offset : item.offset + item.nbytes]
+            if item.offset % size == 0:
+                dest.view(dtype).view(region.shape).copy_(region)
+            elif region.dtype == dtype and region.dim() and region.stride(-1) == 1:
+                dest.view(_byte_shape(region)).copy_(region.view(torch.uint8))
+            else:  # unaligned and cast: through small temporaries
+                flat = region.reshape(-1)
+                step = max(1, _CAST_CHUNK // size)
+                for a in range(0, flat.numel(), step):
+                    part = flat[a : a + step].to(dtype).view(torch.uint8)
+                    dest[a * size : a * size + part.numel()].copy_(part)
+
+    def unpack(self, index: int, recv: torch.Tensor, outs: Mapping[str, torch.Tensor]) -> None:
+        """The unpack step of round ``index``: copy ``recv`` (bytes) into ``outs``.
+
+        A method of its own so that tests can substitute a faulty one (verification
+        must catch it).
+        """
+        for item in self._rounds[index].recvs:
+            region = outs[item.name][item.slices]
+            dtype = region.dtype
+            size = region.element_size()
+            data = recv[item.offset : item.offset + item.nbytes]
+            if item.offset % size == 0:
+                region.copy_(data.view(dtype).view(region.shape))
+            elif region.dim() and region.stride(-1) == 1:
+                region.view(torch.uint8).copy_(data.view(_byte_shape(region)))
+            else:
+                region.copy_(data.clone().view(dtype).view(region.shape))
+
+    # ------------------------------------------------------------------ verify
+    def _verify_layout(self) -> dict[str, tuple[bool, int, int]]:
+        """Per tensor: (this rank is the designated source holder, source holders per
+        piece, destination holders per piece)."""
+        if self._verify_info is None:
+            info = {}
+            for name in self.plan.names:
+                src_pieces = pieces(self.src_specs[name])
+                dst_pieces = pieces(self.dst_specs[name])
+                mine = next((p for p in src_pieces if self.rank in p.ranks), None)
+                info[name] = (
+                    mine is not None and mine.ranks[0] == self.rank,
+                    len(src_pieces[0].ranks) if src_pieces else 1,
+                    len(dst_pieces[0].ranks) if dst_pieces else 1,
+                )
+            self._verify_info = info
+        return self._verify_info
+
+    def _verify(self, srcs: Mapping[str, torch.Tensor], outs: Mapping[str, torch.Tensor]) -> None:
+        info = self._verify_layout()
+        names = self.plan.names
+        sums = torch.zeros((len(names), 3, 4), dtype=torch.int64)
+        me = self.rank
+        for t, name in enumerate(names):
+            shape = self.src_specs[name].global_shape
+            dtype = self.dst_dtypes[name]
+            if name in srcs and me in self.src_specs[name].mesh:
+                h = 0
+                for rb in run_boxes(self.src_specs[name], me):
+                    h += _fingerprint(srcs[name][rb.local_slices()], rb.box, shape, dtype)
+                h &= _MASK64
+                sums[t, 1] = torch.tensor(_limbs(h))
+                if info[name][0]:
+                    sums[t, 0] = torch.tensor(_limbs(h))
+            if name in outs:
+                h = 0
+                for rb in run_boxes(self.dst_specs[name], me):
+                    h += _fingerprint(outs[name][rb.local_slices()], rb.box, shape, dtype)
+                sums[t, 2] = torch.tensor(_limbs(h & _MASK64))
+        reduced = sums.to(self.device)
+        all_reduce(self._bounded, reduced, dist.ReduceOp.SUM)
+        totals = reduced.cpu().tolist()
+        wrong, replicas = [], []
+        for t, name in enumerate(names):
+            a, b, c = (_unlimb(totals[t][k]) for k in range(3))
+            _, h_src, h_dst = info[name]
+            if b != (h_src * a) & _MASK64:
+                replicas.append(name)
+            if c != (h_dst * a) & _MASK64:
+                wrong.append(name)
+        if wrong or replicas:
+            parts = []
+            if wrong:
+                parts.append(f"destination pieces differ from the source for {wrong[:20]}")
+            if replicas:
+                parts.append(f"source replicas hold different values for {replicas[:20]}")
+            raise TransferVerificationError(
+                f"WeightTransfer verification failed (seen from rank {me}): " + "; ".join(parts),
+                tensors=wrong,
+                replicas=replicas,
+            )
+
+
+def _byte_shape(region: torch.Tensor) -> tuple[int, ...]:
+    shape = list(region.shape)
+    shape[-1] *= region.element_size()
+    return tuple(shape)
+
+
+def transfer(
+    src: Mapping[str, Any] | None, dst: Mapping[str, Any] | None, **kw: Any
+) -> dict[str, torch.Tensor]:
+    """One shot: ``WeightTransfer(src, dst, ...).run(out=..., verify=...)``.
+
+    Keyword arguments ``out`` and ``verify`` go to :meth:`WeightTransfer.run`, the
+    others (``bucket_bytes``, ``ranks_per_host``, ``timeout``) to the constructor.
+    """
+    run_kw = {k: kw.pop(k) for k in ("out", "verify", "src_tensors") if k in kw}
+    return WeightTransfer(src, dst, **kw).run(**run_kw)
