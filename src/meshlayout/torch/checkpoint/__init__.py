@@ -33,18 +33,28 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from ._inspect import describe_checkpoint, read_metadata
 from ._plan import Chunk, ChunkIndex, Read, Tiling, replica_dims, tiling, written_boxes
 from ._planners import ExactLoadPlanner, ExactSavePlanner, dtensor_spec
+from ._safetensors_load import (
+    LoadStats,
+    SafetensorsEntry,
+    load_safetensors,
+    read_safetensors_index,
+)
 
 __all__ = [
     "Chunk",
     "ChunkIndex",
     "ExactLoadPlanner",
     "ExactSavePlanner",
+    "LoadStats",
     "Read",
+    "SafetensorsEntry",
     "Tiling",
     "describe_checkpoint",
     "dtensor_spec",
     "load",
+    "load_safetensors",
     "read_metadata",
+    "read_safetensors_index",
     "replica_dims",
     "save",
     "tiling",

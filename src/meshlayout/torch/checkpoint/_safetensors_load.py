@@ -1,0 +1,431 @@
+"""``load_safetensors``: fill each rank's pieces from Hugging Face safetensors files (DESIGN §9).
+
+Every rank, no collectives: for each tensor of the state dict, the rank reads from the
+file only the byte ranges of the run boxes it holds (the nested shard order of
+:class:`~meshlayout.sharding.ShardingSpec`, as FSDP2 / TP / redistribute store
+DTensors: uneven, strided, several runs per rank) and copies them into its local
+tensor in place. Plain tensors are read whole.
+
+The safetensors format is small and documented: an 8-byte little-endian header length
+``N``, ``N`` bytes of JSON ``{name: {"dtype", "shape", "data_offsets": [begin, end]},
+"__metadata__": {...}}``, then the raw little-endian, row-major data (offsets are
+relative to the end of the header). So the bytes of a box are found by arithmetic and
+read with ``os.preadv`` straight into a buffer, and every byte read is counted
+(:class:`LoadStats`).
+
+Which bytes are read: a box is cut into slabs of at most ``_SLAB_BYTES`` (bounded
+memory); a slab's elements lie in ``count`` contiguous byte ranges of equal length
+(one range for whole rows of a row-major tensor; one range per row for column runs).
+When the gaps between consecutive ranges are at most ``_GAP_BYTES`` (4 KiB, one page:
+the disk reads those pages anyway) the slab's enclosing span is read in one call and
+the gaps counted as over-read; otherwise each range is read exactly. So a rank reads its
+share exactly for row runs and column runs wider than a page, and at most 4 KiB more per
+range otherwise.
+
+>>> import struct, json, tempfile, os, torch
+>>> d = tempfile.mkdtemp()
+>>> header = json.dumps({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}})
+>>> with open(os.path.join(d, "m.safetensors"), "wb") as f:
+...     _ = f.write(struct.pack("<Q", len(header)) + header.encode())
+...     _ = f.write(torch.arange(6.0).numpy().tobytes())
+>>> sd = {"w": torch.zeros(2, 3), "step": 7}
+>>> load_safetensors(sd, os.path.join(d, "m.safetensors")).bytes_read
+24
+>>> sd["w"].tolist(), sd["step"]
+([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], 7)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from ...sharding import Box, RunBox, run_boxes
+from .._c10d import local_tensor
+from ._planners import _local_piece, dtensor_spec
+
+__all__ = ["LoadStats", "SafetensorsEntry", "load_safetensors", "read_safetensors_index"]
+
+#: Largest header accepted (safetensors' own limit is 100 MB).
+_MAX_HEADER = 100_000_000
+#: Gaps up to this many bytes between a slab's ranges are read through (one page).
+_GAP_BYTES = 4096
+#: Largest buffer read at once for one box (a box is read in slabs of at most this).
+_SLAB_BYTES = 64 * 2**20
+
+_DTYPES: dict[str, torch.dtype] = {
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "U16": torch.uint16,
+    "I32": torch.int32,
+    "U32": torch.uint32,
+    "I64": torch.int64,
+    "U64": torch.uint64,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "C64": torch.complex64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+
+Rename = Mapping[str, str] | Callable[[str], str] | None
+
+
+@dataclass(frozen=True)
+class LoadStats:
+    """What one rank's :func:`load_safetensors` read.
+
+    ``bytes_read``: bytes requested from the files (data only, gaps read through
+    included; headers are counted in ``header_bytes``). ``bytes_needed``: the stored
+    bytes of the elements this rank holds (its share); ``bytes_read - bytes_needed``
+    is the over-read. ``reads``: read calls; ``tensors``: tensors filled; ``files``:
+    files whose data was read.
+    """
+
+    bytes_read: int
+    bytes_needed: int
+    header_bytes: int
+    reads: int
+    tensors: int
+    files: int
+
+
+@dataclass(frozen=True)
+class SafetensorsEntry:
+    """One tensor stored in a safetensors file: where its bytes are and what they mean."""
+
+    name: str
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int  # absolute file offset of the first data byte
+    end: int
+    data_start: int  # absolute offset where the file's data starts (8 + header length)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The torch dtype of the stored values; ValueError naming an unknown one."""
+        dtype = _DTYPES.get(self.dtype)
+        if dtype is None:
+            raise ValueError(
+                f"{self.name} in {self.file}: stored dtype {self.dtype!r} is not supported; "
+                f"known: {sorted(_DTYPES)}"
+            )
+        return dtype
+
+
+def _read_header(file: Path) -> tuple[dict[str, SafetensorsEntry], int]:
+    """The entries of one safetensors file and its header size (8 + N bytes)."""
+    try:
+        with open(file, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            if len(head) < 8:
+                raise ValueError(f"{file}: {size} bytes, too short for a safetensors header")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(_MAX_HEADER, size - 8):
+                raise ValueError(
+                    f"{file}: header length {n} exceeds the file ({size} bytes) or the "
+                    f"{_MAX_HEADER}-byte limit; not a safetensors file"
+                )
+            raw = f.read(n)
+    except OSError as exc:
+        raise ValueError(f"cannot read safetensors file {file}: {exc}") from None
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{file}: the safetensors header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{file}: the safetensors header is not a JSON object")
+    base = 8 + n
+    entries: dict[str, SafetensorsEntry] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = str(info["dtype"])
+            shape = tuple(int(s) for s in info["shape"])
+            begin, end = (int(o) for o in info["data_offsets"])
+        except (TypeError, ValueError, KeyError):
+            raise ValueError(
+                f"{file}: header entry {name!r} must have dtype, shape and data_offsets "
+                f"[begin, end], got {info!r}"
+            ) from None
+        entry = SafetensorsEntry(name, file, dtype, shape, base + begin, base + end, base)
+        itemsize = _DTYPES[dtype].itemsize if dtype in _DTYPES else None
+        if (
+            any(s < 0 for s in shape)
+            or not 0 <= begin <= end
+            or base + end > size
+            or (itemsize is not None and end - begin != math.prod(shape) * itemsize)
+        ):
+            raise ValueError(
+                f"{file}: tensor {name!r} (dtype {dtype}, shape {list(shape)}) has data_offsets "
+                f"[{begin}, {end}] that do not match its size or lie outside the file "
+                f"({size - base} data bytes)"
+            )
+        entries[name] = entry
+    return entries, base
+
+
+def read_safetensors_index(path: str | os.PathLike[str]) -> dict[str, SafetensorsEntry]:
+    """Every tensor stored under ``path``: name -> :class:`SafetensorsEntry`.
+
+    ``path`` is a ``.safetensors`` file or a directory: with
+    ``model.safetensors.index.json`` its ``weight_map`` names the files (each file's
+    header is read once); without, every ``*.safetensors`` file in it is scanned. A
+    name stored in two files, or listed in the index but absent from its file, raises
+    ValueError. Only headers are read.
+    """
+    root = Path(path)
+    if root.is_file():
+        return _read_header(root)[0]
+    if not root.is_dir():
+        raise ValueError(f"{root}: no such safetensors file or directory")
+    index_file = root / "model.safetensors.index.json"
+    if index_file.is_file():
+        try:
+            weight_map = json.loads(index_file.read_text())["weight_map"]
+            files = sorted({str(f) for f in weight_map.values()})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{index_file}: not a safetensors index ({exc!r})") from None
+        headers = {f: _read_header(root / f)[0] for f in files}
+        out: dict[str, SafetensorsEntry] = {}
+        for name, f in weight_map.items():
+            entry = headers[str(f)].get(name)
+            if entry is None:
+                raise ValueError(f"{index_file}: {name!r} is mapped to {f}, which does not hold it")
+            out[name] = entry
+        return out
+    found = sorted(root.glob("*.safetensors"))
+    if not found:
+        raise ValueError(f"{root}: no *.safetensors files and no model.safetensors.index.json")
+    out = {}
+    for file in found:
+        for name, entry in _read_header(file)[0].items():
+            if name in out:
+                raise ValueError(f"{name!r} is stored in both {out[name].file} and {file}")
+            out[name] = entry
+    return out
+
+
+def _renamer(rename: Rename) -> Callable[[str], str]:
+    if rename is None:
+        return lambda name: name
+    if isinstance(rename, Mapping):
+        table = dict(rename)
+        return lambda name: table.get(name, name)
+    if callable(rename):
+        return rename
+    raise TypeError(f"rename must be a mapping, a callable or None, got {type(rename).__name__}")
+
+
+def _slabs(box: Box, itemsize: int) -> Iterator[Box]:
+    """``box`` cut into sub-boxes of at most ``_SLAB_BYTES`` (at least one element each).
+
+    The outermost dim ``d`` whose inner part (dims after it) fits is cut into steps;
+    dims before it are taken one index at a time.
+
+    >>> list(_slabs(((0, 2), (0, 3)), 2**25))  # rows of 96 MiB: one row, then halves
+    [((0, 1), (0, 2)), ((0, 1), (2, 3)), ((1, 2), (0, 2)), ((1, 2), (2, 3))]
+    """
+    extents = [b - a for a, b in box]
+    if itemsize * math.prod(extents) <= _SLAB_BYTES:
+        yield box
+        return
+    d = 0
+    while itemsize * math.prod(extents[d + 1 :]) > _SLAB_BYTES:
+        d += 1
+    step = max(1, _SLAB_BYTES // (itemsize * math.prod(extents[d + 1 :])))
+    lo, hi = box[d]
+    for head in _product([range(a, b) for a, b in box[:d]]):
+        for start in range(lo, hi, step):
+            yield (*((i, i + 1) for i in head), (start, min(hi, start + step)), *box[d + 1 :])
+
+
+def _product(ranges: list[range]) -> Iterator[tuple[int, ...]]:
+    if not ranges:
+        yield ()
+        return
+    for i in ranges[0]:
+        for rest in _product(ranges[1:]):
+            yield (i, *rest)
+
+
+class _Reader:
+    """Reads boxes of stored tensors into buffers, counting bytes and calls."""
+
+    def __init__(self) -> None:
+        self._fds: dict[Path, int] = {}
+        self.bytes_read = 0
+        self.reads = 0
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    @property
+    def files(self) -> int:
+        return len(self._fds)
+
+    def _fd(self, file: Path) -> int:
+        fd = self._fds.get(file)
+        if fd is None:
+            fd = self._fds[file] = os.open(file, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        return fd
+
+    def _pread(self, fd: int, view: memoryview, offset: int) -> None:
+        done = 0
+        while done < len(view):  # short reads are legal; loop until filled
+            got = os.preadv(fd, [view[done:]], offset + done)
+            if got <= 0:
+                raise ValueError(f"unexpected end of file at byte {offset + done}")
+            done += got
+        self.bytes_read += len(view)
+        self.reads += 1
+
+    def read_box(self, entry: SafetensorsEntry, box: Box) -> torch.Tensor:
+        """The stored values of ``box`` (global indices), as a tensor of the stored dtype."""
+        dtype = entry.torch_dtype
+        item = dtype.itemsize
+        shape = entry.shape
+        strides = [item * math.prod(shape[d + 1 :]) for d in range(len(shape))]
+        sizes = [b - a for a, b in box]
+        first = entry.begin + sum(a * s for (a, _), s in zip(box, strides))
+        # contiguous ranges: dims after k are whole, so each index of dims < k is one range
+        k = len(shape) - 1
+        while k > 0 and box[k] == (0, shape[k]):
+            k -= 1
+        length = (sizes[k] * strides[k]) if shape else item
+        count = math.prod(sizes[:k]) if shape else 1
+        fd = self._fd(entry.file)
+        span = sum((b - 1 - a) * s for (a, b), s in zip(box, strides)) + item
+        if span - count * length <= _GAP_BYTES * count:  # read through the small gaps
+            buf = bytearray(span)
+            self._pread(fd, memoryview(buf), first)
+            flat = torch.frombuffer(buf, dtype=torch.uint8).view(dtype)
+            elem = [s // item for s in strides]
+            return flat.as_strided(sizes, elem)
+        buf = bytearray(count * length)
+        view = memoryview(buf)
+        outer = [range(a, b) for a, b in box[:k]]
+        for j, head in enumerate(_product(outer)):
+            offset = first + sum((i - a) * s for i, (a, _), s in zip(head, box, strides))
+            self._pread(fd, view[j * length : (j + 1) * length], offset)
+        return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(sizes)
+
+
+def _targets(
+    state_dict: Mapping[str, Any], rank: int
+) -> Iterator[tuple[str, torch.Tensor, tuple[RunBox, ...], tuple[int, ...]]]:
+    """(name, local tensor, run boxes, global shape) for every tensor value."""
+    for name, value in state_dict.items():
+        if isinstance(value, DTensor):
+            spec = dtensor_spec(value)
+            _local_piece(name, value, spec, rank)  # validates the local shape
+            local = local_tensor(value)
+            if type(local) not in (torch.Tensor, torch.nn.Parameter):
+                raise TypeError(
+                    f"{name}: the DTensor wraps a {type(local).__name__}; only plain local "
+                    "tensors can be filled"
+                )
+            boxes = tuple(rb for rb in run_boxes(spec, rank) if rb.numel)
+            yield name, local, boxes, spec.global_shape
+        elif isinstance(value, torch.Tensor):
+            shape = tuple(int(n) for n in value.shape)
+            whole = RunBox(tuple((0, n) for n in shape), (0,) * len(shape))
+            yield name, value, ((whole,) if value.numel() else ()), shape
+        elif isinstance(value, Mapping):
+            raise TypeError(
+                f"state_dict[{name!r}] is a mapping: load_safetensors takes a flat state dict "
+                "(e.g. model.state_dict()); pass the inner dict"
+            )
+
+
+def load_safetensors(
+    state_dict: dict[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    rename: Rename = None,
+    cast: bool = False,
+) -> LoadStats:
+    """Fill ``state_dict``'s tensors in place from safetensors files; returns :class:`LoadStats`.
+
+    Call on every rank (no collectives). ``path``: a ``.safetensors`` file or a
+    directory (with or without ``model.safetensors.index.json``). Each DTensor (any
+    sharding: uneven, ``StridedShard`` / FSDP over TP, several runs per rank, replicas)
+    gets its local piece and each plain tensor its full value; each rank reads only the
+    bytes of the boxes it holds (see the module doc for the read-through of small gaps).
+    Non-tensor values are left untouched; a nested mapping raises TypeError (pass a flat
+    state dict such as ``model.state_dict()``). ``rename``: state-dict name -> stored
+    name (mapping, names absent from it unchanged, or callable).
+
+    Errors name the tensor: KeyError when it is not stored; ValueError for a shape
+    mismatch, a dtype mismatch (unless ``cast=True``, which converts to each
+    destination's dtype), an unsupported stored dtype, a local piece whose shape is not
+    the one its placements give, or a malformed file.
+    """
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    if sys.byteorder != "little":
+        raise ValueError(
+            "load_safetensors needs a little-endian host (safetensors data is little-endian)"
+        )
+    to_stored = _renamer(rename)
+    stored = read_safetensors_index(path)
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    plan = []
+    for name, local, boxes, shape in _targets(state_dict, rank):
+        key = to_stored(name)
+        if not isinstance(key, str):
+            raise TypeError(f"rename({name!r}) must give a str, got {type(key).__name__}")
+        entry = stored.get(key)
+        if entry is None:
+            alias = f" (stored name {key!r})" if key != name else ""
+            raise KeyError(f"{name}{alias} is not in {path}; it holds {len(stored)} tensors")
+        if entry.shape != shape:
+            raise ValueError(
+                f"{name}: stored shape {list(entry.shape)} in {entry.file.name} differs from "
+                f"the destination's global shape {list(shape)}"
+            )
+        if entry.torch_dtype != local.dtype and not cast:
+            raise ValueError(
+                f"{name}: stored dtype {entry.dtype} ({entry.torch_dtype}) differs from the "
+                f"destination's {local.dtype}; pass cast=True to convert"
+            )
+        if local.device.type == "meta":
+            raise ValueError(f"{name}: the destination is on the meta device; materialise it first")
+        plan.append((entry, local, boxes))
+    reader = _Reader()
+    needed = 0
+    try:
+        with torch.no_grad():
+            for entry, local, boxes in plan:
+                item = entry.torch_dtype.itemsize
+                for rb in boxes:
+                    needed += rb.numel * item
+                    for slab in _slabs(rb.box, item):
+                        local[rb.local_slices(slab)].copy_(reader.read_box(entry, slab))
+    finally:
+        files = reader.files
+        reader.close()
+    headers = sum({e.file: e.data_start for e in stored.values()}.values())
+    return LoadStats(reader.bytes_read, needed, headers, reader.reads, len(plan), files)
