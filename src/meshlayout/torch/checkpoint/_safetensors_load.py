@@ -316,7 +316,7 @@ class _Reader:
         count = math.prod(sizes[:k]) if shape else 1
         fd = self._fd(entry.file)
         span = sum((b - 1 - a) * s for (a, b), s in zip(box, strides)) + item
-        if span - count * length <= _GAP_BYTES * count:  # read through the small gaps
+        if span - count * length <= _GAP_BYTES * (count - 1):  # read through small gaps
             buf = bytearray(span)
             self._pread(fd, memoryview(buf), first)
             flat = torch.frombuffer(buf, dtype=torch.uint8).view(dtype)
