@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from ._export import ExportResult, export_safetensors
 from ._inspect import describe_checkpoint, read_metadata
 from ._plan import Chunk, ChunkIndex, Read, Tiling, replica_dims, tiling, written_boxes
 from ._planners import ExactLoadPlanner, ExactSavePlanner, dtensor_spec
@@ -45,12 +46,14 @@ __all__ = [
     "ChunkIndex",
     "ExactLoadPlanner",
     "ExactSavePlanner",
+    "ExportResult",
     "LoadStats",
     "Read",
     "SafetensorsEntry",
     "Tiling",
     "describe_checkpoint",
     "dtensor_spec",
+    "export_safetensors",
     "load",
     "load_safetensors",
     "read_metadata",

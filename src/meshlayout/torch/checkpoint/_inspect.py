@@ -12,7 +12,6 @@ The ``meshlayout checkpoint`` command prints this report.
 
 from __future__ import annotations
 
-import io
 import os
 import re
 from collections.abc import Mapping
@@ -20,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     Metadata,
@@ -28,7 +26,9 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from ._distcp import StoredTensor, locate, safe_relative
 from ._plan import tiling
+from ._safe_pickle import load_metadata
 
 __all__ = ["describe_checkpoint", "read_metadata", "writer_rank"]
 
@@ -46,24 +46,21 @@ def writer_rank(relative_path: str) -> int | None:
 
 
 def read_metadata(path: str | os.PathLike[str]) -> Metadata:
-    """The ``Metadata`` of the DCP checkpoint in directory ``path``.
+    """The ``Metadata`` of the DCP checkpoint in directory ``path``; safe on any file.
 
+    ``.metadata`` is a pickle: it is read with the restricted unpickler of
+    :mod:`._safe_pickle`, which admits only DCP's metadata types, so a crafted file
+    raises ValueError naming it and the forbidden global and runs nothing.
     FileNotFoundError / ValueError name the path when it holds no readable checkpoint.
     """
     where = Path(path)
     if not where.is_dir():
         raise FileNotFoundError(f"{str(path)!r} is not a directory")
-    if not (where / ".metadata").is_file():
+    file = where / ".metadata"
+    if not file.is_file():
         raise FileNotFoundError(f"{str(path)!r} holds no DCP checkpoint (no .metadata file)")
-    try:
-        metadata = FileSystemReader(where).read_metadata()
-    except Exception as exc:  # a truncated or foreign file
-        raise ValueError(
-            f"{str(path)!r}: cannot read .metadata ({type(exc).__name__}: {exc})"
-        ) from exc
-    if not isinstance(metadata, Metadata):
-        raise ValueError(f"{str(path)!r}: .metadata holds a {type(metadata).__name__}")
-    return metadata
+    with open(file, "rb") as f:
+        return load_metadata(f, str(file))
 
 
 def _dtype(dtype: torch.dtype) -> str:
@@ -84,14 +81,14 @@ def _storage(storage: Mapping[Any, Any] | None, index: MetadataIndex) -> dict[st
     }
 
 
-def _stored_tensor(root: Path, where: dict[str, Any]) -> torch.Tensor:
-    with open(root / where["file"], "rb") as f:
-        f.seek(where["offset"])
-        blob = f.read(where["length"])
-    value = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
-    if not isinstance(value, torch.Tensor):
-        raise ValueError(f"holds a {type(value).__name__}, not a tensor")
-    return value
+def _stored_tensor(root: Path, where: dict[str, Any]) -> StoredTensor:
+    """Shape and dtype of a stored chunk, from its archive's header (data not read)."""
+    path = safe_relative(root, where["file"], "metadata")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return locate(fd, where["offset"], where["length"], where["file"])
+    finally:
+        os.close(fd)
 
 
 def _verify(

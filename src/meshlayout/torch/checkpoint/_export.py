@@ -1,0 +1,516 @@
+"""``export_safetensors``: a DCP checkpoint to Hugging Face safetensors, streamed (DESIGN §9).
+
+One process, no process group. The plan is made and checked before anything is
+written: every selected tensor's saved chunks must tile it exactly
+(:func:`~._plan.tiling`; a hole or overlap raises naming the tensor and the region),
+and every chunk's stored archive must hold the shape and dtype the metadata promises
+(plain DCP's uneven FSDP-over-TP checkpoints fail here). Then each output file gets
+its header (written by hand, :mod:`._st_format`) and each tensor's bytes are filled
+in place, one *slab* at a time: a slab is a range of the output in row-major order
+cut along one dim so that every chunk's share of it is one contiguous byte range of
+that chunk's stored data (:mod:`._distcp`). Per slab: read each share into an input
+buffer, copy (casting if asked) into an output buffer, write the output buffer with
+one positioned write. Both buffers hold at most ``buffer_bytes``: resident memory
+stays near ``2 x buffer_bytes`` whatever the model or tensor size.
+
+The files are written in a temporary directory inside ``out_dir`` and moved into
+place at the end (the index, or the single file, last), so an interrupted export
+never leaves a complete-looking model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import mmap
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
+
+from ._distcp import StoredTensor, locate, safe_relative
+from ._inspect import read_metadata
+from ._plan import ChunkIndex, tiling
+from ._st_format import (
+    INDEX_NAME,
+    SINGLE_NAME,
+    dtype_name,
+    header_bytes,
+    safetensors_dtype,
+    shard_name,
+)
+
+__all__ = ["ExportResult", "export_safetensors"]
+
+Progress = Callable[[int, int], None]
+_MIN_BUFFER = 64
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What :func:`export_safetensors` wrote: ``files`` (names inside ``out_dir``, the
+    data files then the index when there is one), ``tensors`` (output name -> file),
+    ``total_bytes`` (tensor data bytes, as the index's ``total_size``)."""
+
+    out_dir: Path
+    files: tuple[str, ...]
+    tensors: Mapping[str, str]
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class _Piece:
+    box: tuple[tuple[int, int], ...]
+    path: Path
+    stored: StoredTensor
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    name: str  # in the checkpoint
+    out: str  # in the output
+    shape: tuple[int, ...]
+    dtype: torch.dtype  # stored
+    out_dtype: torch.dtype
+    pieces: tuple[_Piece, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * _itemsize(self.out_dtype)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _positive(value: Any, what: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int (bytes), got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{what} must be at least {minimum} bytes, got {value}")
+    return value
+
+
+def _path(value: Any, what: str) -> Path:
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise TypeError(f"{what} must be a non-empty str or os.PathLike, got {value!r}")
+    return Path(value)
+
+
+def _selected(metadata: Metadata, keys: Iterable[str] | None) -> list[str]:
+    entries = metadata.state_dict_metadata
+    tensors = sorted(n for n, md in entries.items() if isinstance(md, TensorStorageMetadata))
+    if keys is None:
+        return tensors
+    if isinstance(keys, str):
+        raise TypeError(f"keys must be an iterable of names, got the string {keys!r}")
+    wanted = list(dict.fromkeys(keys))
+    for key in wanted:
+        if not isinstance(key, str):
+            raise TypeError(f"keys must be strings, got {key!r}")
+        if key not in entries:
+            some = ", ".join(tensors[:6]) + (", ..." if len(tensors) > 6 else "")
+            raise KeyError(f"keys: {key!r} is not in the checkpoint (its tensors: {some})")
+        if not isinstance(entries[key], TensorStorageMetadata):
+            raise ValueError(f"keys: {key!r} is a non-tensor value; safetensors holds tensors only")
+    return sorted(wanted)
+
+
+def _renamed(
+    names: list[str], rename: Mapping[str, str] | Callable[[str], str] | None
+) -> list[str]:
+    if rename is None:
+        out = list(names)
+    elif isinstance(rename, Mapping):
+        out = [rename.get(n, n) for n in names]
+    elif callable(rename):
+        out = [rename(n) for n in names]
+    else:
+        raise TypeError(f"rename must be a mapping or a callable, got {type(rename).__name__}")
+    seen: dict[str, str] = {}
+    for name, new in zip(names, out):
+        if not isinstance(new, str) or not new or new == "__metadata__":
+            raise ValueError(f"rename: {name!r} -> {new!r} is not a valid tensor name")
+        if new in seen:
+            raise ValueError(f"rename: {seen[new]!r} and {name!r} would both be written as {new!r}")
+        seen[new] = name
+    return out
+
+
+def _out_dtype(stored: torch.dtype, dtype: torch.dtype | None) -> torch.dtype:
+    """Floating-point tensors take ``dtype``; integer and bool tensors keep theirs."""
+    return dtype if dtype is not None and stored.is_floating_point else stored
+
+
+class _Files:
+    """Open checkpoint data files, by path (read-only, unbuffered)."""
+
+    def __init__(self) -> None:
+        self._open: dict[Path, Any] = {}
+
+    def get(self, path: Path) -> Any:
+        f = self._open.get(path)
+        if f is None:
+            f = self._open[path] = open(path, "rb", buffering=0)
+        return f
+
+    def close(self) -> None:
+        for f in self._open.values():
+            f.close()
+        self._open.clear()
+
+
+def _plan(
+    root: Path,
+    metadata: Metadata,
+    names: list[str],
+    outs: list[str],
+    dtype: torch.dtype | None,
+    files: _Files,
+) -> list[_Tensor]:
+    """Every selected tensor with its chunks located and checked; raises before any write."""
+    storage = metadata.storage_data if isinstance(metadata.storage_data, Mapping) else {}
+    plans = []
+    for name, out in zip(names, outs):
+        md = metadata.state_dict_metadata[name]
+        assert isinstance(md, TensorStorageMetadata)
+        shape = tuple(int(s) for s in md.size)
+        stored_dtype = md.properties.dtype
+        out_dtype = _out_dtype(stored_dtype, dtype)
+        try:
+            dtype_name(out_dtype)
+        except ValueError as exc:
+            raise ValueError(f"tensor {name!r}: {exc}; leave it out with keys=") from None
+        chunks = [
+            (tuple(int(o) for o in c.offsets), tuple(int(s) for s in c.sizes)) for c in md.chunks
+        ]
+        report = tiling(shape, chunks)
+        if not report.exact:
+            raise ValueError(
+                f"tensor {name!r} {shape}: its saved chunks do not tile it ({report.describe()}); "
+                "the full tensor is not in the checkpoint, nothing was written"
+            )
+        pieces = []
+        for i, (offsets, sizes) in enumerate(chunks):
+            if math.prod(sizes) == 0:
+                continue
+            where = f"tensor {name!r} chunk {i} at offsets {offsets}"
+            info = storage.get(MetadataIndex(name, offsets))
+            if info is None:
+                raise ValueError(f"{where}: no storage entry in the metadata")
+            if getattr(info, "transform_descriptors", None):
+                raise ValueError(
+                    f"{where}: stored with transforms {list(info.transform_descriptors)} "
+                    "(e.g. compression), which export does not read"
+                )
+            path = safe_relative(root, info.relative_path, where)
+            try:
+                f = files.get(path)
+            except OSError as exc:
+                raise ValueError(
+                    f"{where}: cannot open {info.relative_path}: {exc.strerror}"
+                ) from None
+            stored = locate(
+                f.fileno(), int(info.offset), int(info.length), f"{where} in {info.relative_path}"
+            )
+            if stored.shape != sizes or stored.dtype != stored_dtype:
+                raise ValueError(
+                    f"{where}: the metadata says {sizes} {stored_dtype}, {info.relative_path} "
+                    f"holds {stored.shape} {stored.dtype}; the checkpoint's data does not match "
+                    "its metadata, nothing was written"
+                )
+            box = tuple((o, o + s) for o, s in zip(offsets, sizes))
+            pieces.append(_Piece(box, path, stored))
+        plans.append(_Tensor(name, out, shape, stored_dtype, out_dtype, tuple(pieces)))
+    return plans
+
+
+def _split(tensors: list[_Tensor], max_file_bytes: int) -> list[list[_Tensor]]:
+    """Greedy, in output-name order: a file takes tensors while it stays within
+    ``max_file_bytes``; a larger tensor gets a file of its own."""
+    groups: list[list[_Tensor]] = []
+    size = 0
+    for t in sorted(tensors, key=lambda t: t.out):
+        if not groups or (groups[-1] and size + t.nbytes > max_file_bytes):
+            groups.append([])
+            size = 0
+        groups[-1].append(t)
+        size += t.nbytes
+    return groups or [[]]
+
+
+def _slabs(shape: tuple[int, ...], budget: int) -> Iterator[tuple[tuple[int, ...], int, int, int]]:
+    """Output slabs of at most ``budget`` elements: ``(lead, k, start, stop)`` = the
+    elements whose index is ``lead`` on dims < k, in ``[start, stop)`` on dim k, any on
+    dims > k. Each chunk's share of a slab is contiguous in the chunk's row-major order."""
+    if not shape:
+        yield (), 0, 0, 1
+        return
+    k = 0
+    while math.prod(shape[k + 1 :]) > budget:
+        k += 1
+    inner = math.prod(shape[k + 1 :])
+    rows = max(1, budget // inner)
+    for lead in np.ndindex(*shape[:k]) if k else [()]:
+        for start in range(0, shape[k], rows):
+            yield tuple(int(i) for i in lead), k, start, min(shape[k], start + rows)
+
+
+def _read_into(f: Any, view: memoryview, offset: int) -> None:
+    f.seek(offset)
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
+            raise ValueError(f"{f.name}: ends before byte {offset + len(view)}")
+        got += n
+
+
+def _write_at(f: Any, data: memoryview, offset: int) -> None:
+    f.seek(offset)
+    done = 0
+    while done < len(data):
+        done += f.write(data[done:])
+
+
+@contextlib.contextmanager
+def _mapped(f: Any, stored: StoredTensor) -> Iterator[torch.Tensor]:
+    """A stored tensor with non-row-major strides, through a read-only memory map."""
+    page = mmap.ALLOCATIONGRANULARITY
+    base = stored.storage_start - stored.storage_start % page
+    length = stored.storage_start + stored.storage_bytes - base
+    with mmap.mmap(f.fileno(), length, access=mmap.ACCESS_COPY, offset=base) as m:
+        raw = torch.frombuffer(
+            m, dtype=torch.uint8, count=stored.storage_bytes, offset=stored.storage_start - base
+        )
+        try:
+            yield raw.view(stored.dtype).as_strided(
+                stored.shape, stored.stride, stored.element_offset
+            )
+        finally:
+            del raw
+
+
+def _fill(
+    t: _Tensor,
+    out: Any,
+    at: int,
+    files: _Files,
+    inbuf: torch.Tensor,
+    outbuf: torch.Tensor,
+    tick: Callable[[int], None],
+) -> None:
+    """Write tensor ``t``'s bytes at offset ``at`` of ``out``, slab by slab."""
+    shape, o_size = t.shape, _itemsize(t.out_dtype)
+    if math.prod(shape) == 0:
+        return
+    budget = max(1, outbuf.numel() // max(o_size, _itemsize(t.dtype)))
+    index = ChunkIndex(
+        shape, [(tuple(a for a, _ in p.box), tuple(b - a for a, b in p.box)) for p in t.pieces]
+    )
+    in_view = memoryview(inbuf.numpy())  # type: ignore[arg-type]
+    out_view = memoryview(outbuf.numpy())  # type: ignore[arg-type]
+    strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+    for lead, k, start, stop in _slabs(shape, budget):
+        inner = shape[k + 1 :]
+        count = (stop - start) * math.prod(inner) if shape else 1
+        slab = (
+            outbuf[: count * o_size]
+            .view(t.out_dtype)
+            .view(((stop - start), *inner) if shape else ())
+        )
+        box = (
+            tuple((i, i + 1) for i in lead)
+            + (((start, stop),) if shape else ())
+            + tuple((0, n) for n in inner)
+        )
+        for ci, common in index.overlapping(box):
+            piece = t.pieces[ci]
+            f = files.get(piece.path)
+            local = [a - p for (a, _), (p, _) in zip(common, piece.box)]
+            dest = tuple(slice(a - b0, e - b0) for (a, e), (b0, _) in zip(common[k:], box[k:]))
+            if piece.stored.contiguous:
+                csizes = [e - b for b, e in piece.box]
+                first = sum(c * math.prod(csizes[d + 1 :]) for d, c in enumerate(local))
+                n = math.prod(e - a for a, e in common)
+                nbytes = n * piece.stored.itemsize
+                _read_into(
+                    f, in_view[:nbytes], piece.stored.data_offset + first * piece.stored.itemsize
+                )
+                src = inbuf[:nbytes].view(t.dtype).view([e - a for a, e in common[k:]])
+                slab[dest].copy_(src)
+            else:
+                with _mapped(f, piece.stored) as whole:
+                    part = whole[tuple(slice(a, a + (e - b)) for a, (b, e) in zip(local, common))]
+                    slab[dest].copy_(part.reshape([e - a for a, e in common[k:]]))
+        first_out = sum(i * s for i, s in zip((*lead, start), strides)) if shape else 0
+        _write_at(out, out_view[: count * o_size], at + first_out * o_size)
+        tick(count * o_size)
+
+
+def _existing(out_dir: Path) -> list[str]:
+    if not out_dir.is_dir():
+        return []
+    return sorted(
+        p.name
+        for p in out_dir.iterdir()
+        if p.name in (SINGLE_NAME, INDEX_NAME)
+        or (p.name.startswith("model-") and p.name.endswith(".safetensors"))
+    )
+
+
+def _progress(
+    progress: bool | Progress, total: int
+) -> tuple[Callable[[int], None], Callable[[], None]]:
+    if progress is False or progress is None:
+        return (lambda n: None), (lambda: None)
+    if progress is True:
+        from tqdm import tqdm  # type: ignore[import-untyped]
+
+        bar = tqdm(
+            total=total,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc="export",
+            file=sys.stderr,
+        )
+        return bar.update, bar.close
+    if not callable(progress):
+        raise TypeError(f"progress must be a bool or a callable(done, total), got {progress!r}")
+    done = [0]
+
+    def tick(n: int) -> None:
+        done[0] += n
+        progress(done[0], total)
+
+    return tick, (lambda: None)
+
+
+def export_safetensors(
+    checkpoint_id: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    keys: Iterable[str] | None = None,
+    rename: Mapping[str, str] | Callable[[str], str] | None = None,
+    dtype: str | torch.dtype | None = None,
+    max_file_bytes: int = 5 * 2**30,
+    buffer_bytes: int = 64 * 2**20,
+    progress: bool | Progress = False,
+) -> ExportResult:
+    """Write the DCP checkpoint ``checkpoint_id`` as Hugging Face safetensors in ``out_dir``.
+
+    One process, no process group; any DCP checkpoint whose chunks tile each tensor
+    (ours always; plain DCP's where its metadata and data are right). Writes
+    ``model.safetensors`` when everything fits in ``max_file_bytes`` of tensor data,
+    else ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json``;
+    full tensors, in output-name order; a tensor larger than ``max_file_bytes`` gets a
+    file of its own.
+
+    ``keys``: checkpoint names to export (default every tensor; non-tensor values are
+    skipped). ``rename``: mapping (names it lacks keep theirs) or callable, checkpoint
+    name -> output name. ``dtype`` (``"bf16"``, ``"BF16"``, ``torch.bfloat16``, ...):
+    floating-point tensors are cast to it on the way; integer and bool tensors keep
+    their dtype. ``buffer_bytes``: size of each of the two slab buffers (resident
+    memory stays near twice it). ``progress``: True draws a tqdm bar on stderr; a
+    callable gets ``(bytes_done, bytes_total)``.
+
+    Raises, before writing anything: ValueError naming the tensor and the region when
+    its chunks leave a hole or overlap, or when a stored chunk is not what the
+    metadata says; KeyError for an unknown key; ValueError/TypeError for bad
+    arguments; FileExistsError when ``out_dir`` already holds a safetensors model.
+    The checkpoint's pickles are read with restricted unpicklers: safe on any input.
+    """
+    root = _path(checkpoint_id, "checkpoint_id")
+    dest = _path(out_dir, "out_dir")
+    max_file_bytes = _positive(max_file_bytes, "max_file_bytes")
+    buffer_bytes = _positive(buffer_bytes, "buffer_bytes", _MIN_BUFFER)
+    cast = None if dtype is None else safetensors_dtype(dtype)
+    if cast is not None and not cast.is_floating_point:
+        raise ValueError(f"dtype {dtype!r}: only floating-point dtypes can be cast to")
+    if dest.exists() and not dest.is_dir():
+        raise NotADirectoryError(f"out_dir {str(dest)!r} exists and is not a directory")
+    if dest.resolve() == root.resolve():
+        raise ValueError(f"out_dir {str(dest)!r} is the checkpoint directory; choose another")
+    metadata = read_metadata(root)
+    names = _selected(metadata, keys)
+    outs = _renamed(names, rename)
+    clash = _existing(dest)
+    if clash:
+        raise FileExistsError(
+            f"out_dir {str(dest)!r} already holds {clash[0]}; remove it or choose another"
+        )
+    files = _Files()
+    try:
+        tensors = _plan(root, metadata, names, outs, cast, files)
+        groups = _split(tensors, max_file_bytes)
+        dest.mkdir(parents=True, exist_ok=True)
+        return _write(dest, groups, files, buffer_bytes, progress)
+    finally:
+        files.close()
+
+
+def _write(
+    dest: Path,
+    groups: list[list[_Tensor]],
+    files: _Files,
+    buffer_bytes: int,
+    progress: bool | Progress,
+) -> ExportResult:
+    n = len(groups)
+    names = [SINGLE_NAME] if n == 1 else [shard_name(i + 1, n) for i in range(n)]
+    total = sum(t.nbytes for g in groups for t in g)
+    tick, close = _progress(progress, total)
+    tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=dest))
+    try:
+        inbuf = torch.empty(buffer_bytes, dtype=torch.uint8)
+        outbuf = torch.empty(buffer_bytes, dtype=torch.uint8)
+        weight_map: dict[str, str] = {}
+        for name, group in zip(names, groups):
+            entries, pos = {}, 0
+            for t in group:
+                entries[t.out] = (t.out_dtype, t.shape, pos, pos + t.nbytes)
+                pos += t.nbytes
+                weight_map[t.out] = name
+            head = header_bytes(entries)
+            with open(tmp / name, "wb", buffering=0) as out:
+                out.write(head)
+                out.truncate(len(head) + pos)
+                for t in group:
+                    _fill(t, out, len(head) + entries[t.out][2], files, inbuf, outbuf, tick)
+                os.fsync(out.fileno())
+        del inbuf, outbuf
+        written = list(names)
+        if n > 1:
+            import json
+
+            index = {
+                "metadata": {"total_size": total},
+                "weight_map": dict(sorted(weight_map.items())),
+            }
+            with open(tmp / INDEX_NAME, "w", encoding="utf-8") as f:
+                json.dump(index, f, indent=2)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            written.append(INDEX_NAME)
+        for name in written:  # the single file or the index last: complete only at the end
+            os.replace(tmp / name, dest / name)
+        with contextlib.suppress(OSError):
+            fd = os.open(dest, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return ExportResult(dest, tuple(written), weight_map, total)
+    finally:
+        close()
+        shutil.rmtree(tmp, ignore_errors=True)
