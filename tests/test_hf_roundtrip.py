@@ -193,33 +193,12 @@ def _body(rank: int, world: int, hf_in: str, root: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- parent
-def _export(ckpt: Path, out: Path) -> None:
-    """``export_safetensors`` (mlcp) when present, else an explicit exact load + save_file."""
-    from meshlayout.torch import checkpoint as mlcp
-
-    export = getattr(mlcp, "export_safetensors", None)
-    if export is not None:
-        export(ckpt, out)
-        return
-    import json
-
-    from safetensors.torch import save_file
-    from torch.distributed.checkpoint import FileSystemReader
-
-    md = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
-    import torch
-
-    sd = {k: torch.zeros(tuple(m.size)) for k, m in md.items()}
-    mlcp.load(sd, ckpt, no_dist=True)
-    out.mkdir()
-    save_file(sd, out / "model.safetensors", metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps({}))
-
-
 def test_hf_round_trip_fsdp_over_tp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
     from safetensors.torch import load_file
     from transformers import LlamaForCausalLM
+
+    from meshlayout.torch.checkpoint import export_safetensors
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
@@ -247,7 +226,8 @@ def test_hf_round_trip_fsdp_over_tp(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     # ours: exact DCP -> export -> from_pretrained
     out = tmp_path / "hf_out"
-    _export(tmp_path / "ours", out)
+    result = export_safetensors(tmp_path / "ours", out)
+    assert result.files == ("model.safetensors",)
     _config().save_pretrained(out)
     loaded = LlamaForCausalLM.from_pretrained(out).eval()
     got = loaded.state_dict()

@@ -125,19 +125,19 @@ def _raw_file(path: Path, header: object, data: bytes = b"") -> Path:
 def test_malformed_files(tmp_path: Path) -> None:
     dest = {"w": torch.zeros(2)}
     unknown = {"w": {"dtype": "F4X", "shape": [2], "data_offsets": [0, 2]}}
-    with pytest.raises(ValueError, match=r"w in .*'F4X' is not supported"):
+    with pytest.raises(ValueError, match=r"'w' has a malformed entry.*F4X"):
         load_safetensors(dest, _raw_file(tmp_path / "a.safetensors", unknown, b"\0\0"))
     wrong = {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}
-    with pytest.raises(ValueError, match=r"'w'.*data_offsets"):
+    with pytest.raises(ValueError, match=r"'w' data_offsets"):
         load_safetensors(dest, _raw_file(tmp_path / "b.safetensors", wrong, b"\0" * 4))
     beyond = {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
-    with pytest.raises(ValueError, match="outside the file"):
+    with pytest.raises(ValueError, match=r"'w' data_offsets \[0, 8\] do not hold"):
         load_safetensors(dest, _raw_file(tmp_path / "c.safetensors", beyond, b"\0" * 4))
     (tmp_path / "d.safetensors").write_bytes(struct.pack("<Q", 10**12))
-    with pytest.raises(ValueError, match="header length"):
+    with pytest.raises(ValueError, match=r"header length .* does not fit"):
         load_safetensors(dest, tmp_path / "d.safetensors")
     (tmp_path / "e.safetensors").write_bytes(struct.pack("<Q", 3) + b"{x}")
-    with pytest.raises(ValueError, match="not JSON"):
+    with pytest.raises(ValueError, match="header is not JSON"):
         load_safetensors(dest, tmp_path / "e.safetensors")
     st.save_file({"w": torch.zeros(2)}, tmp_path / "sub1.safetensors")
     twice = tmp_path / "twice"

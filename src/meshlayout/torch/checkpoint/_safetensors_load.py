@@ -6,20 +6,21 @@ file only the byte ranges of the run boxes it holds (the nested shard order of
 DTensors: uneven, strided, several runs per rank) and copies them into its local
 tensor in place. Plain tensors are read whole.
 
-The safetensors format is small and documented: an 8-byte little-endian header length
-``N``, ``N`` bytes of JSON ``{name: {"dtype", "shape", "data_offsets": [begin, end]},
-"__metadata__": {...}}``, then the raw little-endian, row-major data (offsets are
-relative to the end of the header). So the bytes of a box are found by arithmetic and
-read with ``os.preadv`` straight into a buffer, and every byte read is counted
-(:class:`LoadStats`).
+The safetensors format is small and documented (:mod:`._st_format` parses the header):
+an 8-byte little-endian header length ``N``, ``N`` bytes of JSON ``{name: {"dtype",
+"shape", "data_offsets": [begin, end]}, "__metadata__": {...}}``, then the raw
+little-endian, row-major data (offsets relative to the end of the header). So the
+bytes of a box are found by arithmetic and read with ``os.preadv`` straight into a
+buffer, and every byte read is counted (:class:`LoadStats`).
 
-Which bytes are read: a box is cut into slabs of at most ``_SLAB_BYTES`` (bounded
-memory); a slab's elements lie in ``count`` contiguous byte ranges of equal length
-(one range for whole rows of a row-major tensor; one range per row for column runs).
-When the gaps between consecutive ranges are at most ``_GAP_BYTES`` (4 KiB, one page:
-the disk reads those pages anyway) the slab's enclosing span is read in one call and
-the gaps counted as over-read; otherwise each range is read exactly. So a rank reads its
-share exactly for row runs and column runs wider than a page, and at most 4 KiB more per
+Which bytes are read: a box is cut into slabs of at most ``_SLAB_BYTES`` (64 MiB:
+bounded memory); a slab's elements lie in ``count`` contiguous byte ranges of equal
+length (one range for whole rows of a row-major tensor; one range per row for column
+runs). When reading the slab's enclosing span costs at most ``_GAP_BYTES`` (4 KiB, one
+page: the disk reads those pages anyway) more per gap between ranges, the span is read
+in one call and the gaps counted as over-read; otherwise each range is read exactly,
+one call per range. So a rank reads exactly its share for row runs and for column
+runs whose gaps exceed a page (any real model's TP weights), and at most 4 KiB more per
 range otherwise.
 
 >>> import struct, json, tempfile, os, torch
@@ -40,7 +41,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import struct
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -54,34 +54,14 @@ from torch.distributed.tensor import DTensor
 from ...sharding import Box, RunBox, run_boxes
 from .._c10d import local_tensor
 from ._planners import _local_piece, dtensor_spec
+from ._st_format import DTYPES, INDEX_NAME, read_header
 
 __all__ = ["LoadStats", "SafetensorsEntry", "load_safetensors", "read_safetensors_index"]
 
-#: Largest header accepted (safetensors' own limit is 100 MB).
-_MAX_HEADER = 100_000_000
 #: Gaps up to this many bytes between a slab's ranges are read through (one page).
 _GAP_BYTES = 4096
 #: Largest buffer read at once for one box (a box is read in slabs of at most this).
 _SLAB_BYTES = 64 * 2**20
-
-_DTYPES: dict[str, torch.dtype] = {
-    "BOOL": torch.bool,
-    "U8": torch.uint8,
-    "I8": torch.int8,
-    "I16": torch.int16,
-    "U16": torch.uint16,
-    "I32": torch.int32,
-    "U32": torch.uint32,
-    "I64": torch.int64,
-    "U64": torch.uint64,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "F32": torch.float32,
-    "F64": torch.float64,
-    "C64": torch.complex64,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-}
 
 Rename = Mapping[str, str] | Callable[[str], str] | None
 
@@ -119,68 +99,29 @@ class SafetensorsEntry:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        """The torch dtype of the stored values; ValueError naming an unknown one."""
-        dtype = _DTYPES.get(self.dtype)
-        if dtype is None:
-            raise ValueError(
-                f"{self.name} in {self.file}: stored dtype {self.dtype!r} is not supported; "
-                f"known: {sorted(_DTYPES)}"
-            )
-        return dtype
+        """The torch dtype of the stored values."""
+        return DTYPES[self.dtype]
 
 
-def _read_header(file: Path) -> tuple[dict[str, SafetensorsEntry], int]:
-    """The entries of one safetensors file and its header size (8 + N bytes)."""
+def _read_header(file: Path) -> dict[str, SafetensorsEntry]:
+    """The entries of one safetensors file (its header checked by :func:`read_header`)."""
     try:
-        with open(file, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.read(8)
-            if len(head) < 8:
-                raise ValueError(f"{file}: {size} bytes, too short for a safetensors header")
-            (n,) = struct.unpack("<Q", head)
-            if n > min(_MAX_HEADER, size - 8):
-                raise ValueError(
-                    f"{file}: header length {n} exceeds the file ({size} bytes) or the "
-                    f"{_MAX_HEADER}-byte limit; not a safetensors file"
-                )
-            raw = f.read(n)
+        header, base = read_header(file)
     except OSError as exc:
         raise ValueError(f"cannot read safetensors file {file}: {exc}") from None
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{file}: the safetensors header is not JSON ({exc})") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{file}: the safetensors header is not a JSON object")
-    base = 8 + n
-    entries: dict[str, SafetensorsEntry] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype = str(info["dtype"])
-            shape = tuple(int(s) for s in info["shape"])
-            begin, end = (int(o) for o in info["data_offsets"])
-        except (TypeError, ValueError, KeyError):
-            raise ValueError(
-                f"{file}: header entry {name!r} must have dtype, shape and data_offsets "
-                f"[begin, end], got {info!r}"
-            ) from None
-        entry = SafetensorsEntry(name, file, dtype, shape, base + begin, base + end, base)
-        itemsize = _DTYPES[dtype].itemsize if dtype in _DTYPES else None
-        if (
-            any(s < 0 for s in shape)
-            or not 0 <= begin <= end
-            or base + end > size
-            or (itemsize is not None and end - begin != math.prod(shape) * itemsize)
-        ):
-            raise ValueError(
-                f"{file}: tensor {name!r} (dtype {dtype}, shape {list(shape)}) has data_offsets "
-                f"[{begin}, {end}] that do not match its size or lie outside the file "
-                f"({size - base} data bytes)"
-            )
-        entries[name] = entry
-    return entries, base
+    return {
+        name: SafetensorsEntry(
+            name,
+            file,
+            str(info["dtype"]),
+            tuple(int(n) for n in info["shape"]),
+            base + int(info["data_offsets"][0]),
+            base + int(info["data_offsets"][1]),
+            base,
+        )
+        for name, info in header.items()
+        if name != "__metadata__"
+    }
 
 
 def read_safetensors_index(path: str | os.PathLike[str]) -> dict[str, SafetensorsEntry]:
@@ -194,17 +135,17 @@ def read_safetensors_index(path: str | os.PathLike[str]) -> dict[str, Safetensor
     """
     root = Path(path)
     if root.is_file():
-        return _read_header(root)[0]
+        return _read_header(root)
     if not root.is_dir():
         raise ValueError(f"{root}: no such safetensors file or directory")
-    index_file = root / "model.safetensors.index.json"
+    index_file = root / INDEX_NAME
     if index_file.is_file():
         try:
             weight_map = json.loads(index_file.read_text())["weight_map"]
             files = sorted({str(f) for f in weight_map.values()})
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{index_file}: not a safetensors index ({exc!r})") from None
-        headers = {f: _read_header(root / f)[0] for f in files}
+        headers = {f: _read_header(root / f) for f in files}
         out: dict[str, SafetensorsEntry] = {}
         for name, f in weight_map.items():
             entry = headers[str(f)].get(name)
@@ -217,7 +158,7 @@ def read_safetensors_index(path: str | os.PathLike[str]) -> dict[str, Safetensor
         raise ValueError(f"{root}: no *.safetensors files and no model.safetensors.index.json")
     out = {}
     for file in found:
-        for name, entry in _read_header(file)[0].items():
+        for name, entry in _read_header(file).items():
             if name in out:
                 raise ValueError(f"{name!r} is stored in both {out[name].file} and {file}")
             out[name] = entry
