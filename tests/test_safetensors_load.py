@@ -191,6 +191,14 @@ def test_wide_column_runs_read_exactly(tmp_path: Path) -> None:
     reader.close()
     assert torch.equal(got, full[1:7, 2048:])
     assert reader.bytes_read == 6 * 2048 * 4 and reader.reads == 6
+    # through a buffer: a destination of another dtype, or not contiguous
+    wide = torch.zeros(6, 2048, dtype=torch.float64)
+    reader.fill(entry, ((1, 7), (2048, 4096)), wide)
+    transposed = torch.zeros(2048, 6).t()
+    reader.fill(entry, ((1, 7), (2048, 4096)), transposed)
+    reader.close()
+    assert torch.equal(wide, full[1:7, 2048:].double())
+    assert torch.equal(transposed, full[1:7, 2048:])
 
 
 def test_slabs_bound_memory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -242,7 +242,19 @@ class _Reader:
         self.reads += 1
 
     def read_box(self, entry: SafetensorsEntry, box: Box) -> torch.Tensor:
-        """The stored values of ``box`` (global indices), as a tensor of the stored dtype."""
+        """The stored values of ``box`` (global indices), as a new tensor of the stored dtype."""
+        out = torch.empty([b - a for a, b in box], dtype=entry.torch_dtype)
+        self.fill(entry, box, out)
+        return out
+
+    def fill(self, entry: SafetensorsEntry, box: Box, dest: torch.Tensor) -> None:
+        """Copy the stored values of ``box`` (global indices) into ``dest`` (box-shaped).
+
+        Reads straight into ``dest``'s memory when it is contiguous and of the stored
+        dtype (one copy, kernel to destination); otherwise through a buffer and
+        ``copy_`` (which casts). Gaps of at most ``_GAP_BYTES`` per range are read
+        through (module doc).
+        """
         dtype = entry.torch_dtype
         item = dtype.itemsize
         shape = entry.shape
@@ -255,21 +267,53 @@ class _Reader:
             k -= 1
         length = (sizes[k] * strides[k]) if shape else item
         count = math.prod(sizes[:k]) if shape else 1
-        fd = self._fd(entry.file)
         span = sum((b - 1 - a) * s for (a, b), s in zip(box, strides)) + item
-        if span - count * length <= _GAP_BYTES * (count - 1):  # read through small gaps
-            buf = bytearray(span)
-            self._pread(fd, memoryview(buf), first)
-            flat = torch.frombuffer(buf, dtype=torch.uint8).view(dtype)
-            elem = [s // item for s in strides]
-            return flat.as_strided(sizes, elem)
-        buf = bytearray(count * length)
-        view = memoryview(buf)
-        outer = [range(a, b) for a, b in box[:k]]
-        for j, head in enumerate(_product(outer)):
-            offset = first + sum((i - a) * s for i, (a, _), s in zip(head, box, strides))
-            self._pread(fd, view[j * length : (j + 1) * length], offset)
-        return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(sizes)
+        fd = self._fd(entry.file)
+        direct = dest.dtype == dtype and dest.is_contiguous()
+        if span == count * length or span - count * length > _GAP_BYTES * (count - 1):
+            # exact ranges, in order: straight into dest, or into a buffer then copy_
+            target = dest if direct else torch.empty(sizes, dtype=dtype)
+            view = _bytes(target)
+            if span == count * length:
+                self._pread(fd, view, first)
+            else:
+                outer = [range(a, b) for a, b in box[:k]]
+                offsets = [
+                    first + sum((i - a) * s for i, (a, _), s in zip(head, box, strides))
+                    for head in _product(outer)
+                ]
+                _prefetch(fd, offsets, length)
+                for j, offset in enumerate(offsets):
+                    self._pread(fd, view[j * length : (j + 1) * length], offset)
+            if not direct:
+                dest.copy_(target)
+            return
+        # small gaps: the enclosing span in one read, then a strided view of it
+        buf = torch.empty(span, dtype=torch.uint8)
+        self._pread(fd, _bytes(buf), first)
+        elem = [s // item for s in strides]
+        dest.copy_(buf.view(dtype).as_strided(sizes, elem))
+
+
+def _prefetch(fd: int, offsets: list[int], length: int) -> None:
+    """Ask the kernel to start reading these ranges now (``POSIX_FADV_WILLNEED``).
+
+    Many small ranges read one after the other would each wait for the disk (the
+    kernel's readahead does not follow a strided pattern); announced first, they are
+    fetched in parallel and only they are fetched. No-op where fadvise is missing.
+    """
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    for offset in offsets:
+        advise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+
+
+def _bytes(tensor: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous CPU tensor's memory (any dtype, 0-d too)."""
+    flat = tensor.detach().reshape(-1).view(torch.uint8)
+    view: memoryview = flat.numpy().data
+    return view.cast("B")
 
 
 def _targets(
@@ -364,7 +408,7 @@ def load_safetensors(
                 for rb in boxes:
                     needed += rb.numel * item
                     for slab in _slabs(rb.box, item):
-                        local[rb.local_slices(slab)].copy_(reader.read_box(entry, slab))
+                        reader.fill(entry, slab, local[rb.local_slices(slab)])
     finally:
         files = reader.files
         reader.close()
