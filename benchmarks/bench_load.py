@@ -210,9 +210,9 @@ def main() -> None:
     from multiproc import run_multiproc
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 repeat instead of 3")
+    parser.add_argument("--quick", action="store_true", help="1 repeat instead of 5")
     args = parser.parse_args()
-    repeats = 1 if args.quick else 3
+    repeats = 1 if args.quick else 5
     root = tempfile.mkdtemp(prefix="bench_load_", dir="/tmp")
     try:
         path = Path(root) / "model.safetensors"
