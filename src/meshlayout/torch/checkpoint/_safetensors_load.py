@@ -202,7 +202,7 @@ def _slabs(box: Box, itemsize: int) -> Iterator[Box]:
 
 
 class _Reader:
-    """Reads boxes of stored tensors into buffers, counting bytes and calls."""
+    """Reads boxes of stored tensors into destinations, counting bytes and read calls."""
 
     def __init__(self) -> None:
         self._fds: dict[Path, int] = {}
@@ -243,9 +243,9 @@ class _Reader:
     def fill(self, entry: SafetensorsEntry, box: Box, dest: torch.Tensor) -> None:
         """Copy the stored values of ``box`` (global indices) into ``dest`` (box-shaped).
 
-        Reads straight into ``dest``'s memory when it is contiguous and of the stored
-        dtype (one copy, kernel to destination); otherwise through a buffer and
-        ``copy_`` (which casts). Gaps of at most ``_GAP_BYTES`` per range are read
+        Reads straight into ``dest``'s memory when it is a contiguous CPU tensor of the
+        stored dtype (one copy, kernel to destination); otherwise through a buffer and
+        ``copy_`` (which casts and moves to ``dest``'s device). Gaps of at most ``_GAP_BYTES`` per range are read
         through (module doc).
         """
         dtype = entry.torch_dtype
@@ -262,7 +262,7 @@ class _Reader:
         count = math.prod(sizes[:k]) if shape else 1
         span = sum((b - 1 - a) * s for (a, b), s in zip(box, strides)) + item
         fd = self._fd(entry.file)
-        direct = dest.dtype == dtype and dest.is_contiguous()
+        direct = dest.dtype == dtype and dest.is_contiguous() and dest.device.type == "cpu"
         if span == count * length or span - count * length > _GAP_BYTES * (count - 1):
             # exact ranges, in order: straight into dest, or into a buffer then copy_
             target = dest if direct else torch.empty(sizes, dtype=dtype)
