@@ -19,7 +19,7 @@ from megatron_reference import config, megatron_available, run_reference
 from mesh_reference import ModelMesh
 from meshlayout import MegatronDims
 from meshlayout.cli import COMMANDS, main
-from meshlayout.cli_args import ArgError, parse_placements
+from meshlayout.cli.args import ArgError, parse_placements
 from meshlayout.megatron import MEGATRON_VIEWS
 from meshlayout.megatron import VIEWS as MEGATRON_PURPOSES
 from meshlayout.sharding import Partial, Replicate, Shard, StridedShard

@@ -25,6 +25,8 @@ import torch.distributed as dist
 
 from meshlayout import demo
 from meshlayout.cli import main
+from meshlayout.demo import config as demo_config
+from meshlayout.demo import parent as demo_parent
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 
@@ -192,7 +194,7 @@ def test_demo_fails_with_nonzero_status_when_a_check_fails(
     # A negative tolerance makes every loss comparison fail. The comparison runs in
     # this (calling) process, so the monkeypatch reaches it although the workers are
     # fresh interpreters that never see it: the demo must say so.
-    monkeypatch.setattr(demo, "LOSS_TOLERANCE", -1.0)
+    monkeypatch.setattr(demo_config, "LOSS_TOLERANCE", -1.0)
     buf = io.StringIO()
     code = demo.run_demo(demo.DemoConfig(nproc=2, steps=2, timeout=DEMO_TIMEOUT), out=buf)
     text = buf.getvalue()
@@ -252,7 +254,7 @@ def test_demo_config_rejects_timeouts_that_are_not_finite_and_positive(timeout: 
     assert repr(timeout) in str(info.value)
 
 
-@pytest.mark.parametrize("timeout", [1e-3, 1, 2.5, 120.0, demo.MAX_TIMEOUT])
+@pytest.mark.parametrize("timeout", [1e-3, 1, 2.5, 120.0, demo_config.MAX_TIMEOUT])
 def test_demo_config_accepts_positive_finite_timeouts(timeout: float) -> None:
     assert demo.DemoConfig(timeout=timeout).timeout == timeout
 
@@ -321,7 +323,7 @@ def test_demo_reports_a_worker_that_dies_with_its_status_and_stderr(
 ) -> None:
     # A worker whose interpreter cannot start (here: a wrong -c program) is reported by
     # rank, exit status and the end of its stderr, without waiting for the timeout.
-    monkeypatch.setattr(demo, "_WORKER_CODE", "import sys; sys.exit('worker says no')")
+    monkeypatch.setattr(demo_parent, "_WORKER_CODE", "import sys; sys.exit('worker says no')")
     buf = io.StringIO()
     code = demo.run_demo(demo.DemoConfig(nproc=2, steps=1, timeout=600), out=buf)
     text = buf.getvalue()

@@ -1,4 +1,4 @@
-"""The demo's checkpoint phase (``meshlayout.demo_checkpoint``): planning, report, 6 processes.
+"""The demo's checkpoint phase (``meshlayout.demo.checkpoint``): planning, report, 6 processes.
 
 The pure planning is checked against torch 2.13 itself: FSDP2's storage rebuilt with
 ``torch.chunk`` (TP's chunks, chunked again by FSDP) against torch's own
@@ -28,8 +28,9 @@ from torch.distributed.tensor._utils import _compute_local_shape_and_global_offs
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from meshlayout import ParallelDims
-from meshlayout import demo_checkpoint as dc
-from meshlayout.demo import DemoConfig, _make_model, demo_parallel_dims
+from meshlayout.demo import DemoConfig, demo_parallel_dims
+from meshlayout.demo import checkpoint as dc
+from meshlayout.demo.model import make_model as _make_model
 from meshlayout.torch import checkpoint as mlcp
 from multiproc import run_multiproc
 

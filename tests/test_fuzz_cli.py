@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from megatron_grid_reference import token_groups
 from meshlayout.cli import main
-from meshlayout.cli_args import parse_placements
+from meshlayout.cli.args import parse_placements
 from meshlayout.megatron import ALIASES, MEGATRON_VIEWS, ORDER_TOKENS
 from parallel_dims_reference import VIEW_DIMS
 from report_reference import view_groups

@@ -1,4 +1,5 @@
-"""The layer rule (docs/design.md): a module never imports a module of a higher layer.
+"""The layer rule (docs/design.md): a module never imports a module of a higher layer,
+and no two modules import each other, directly or through others (no import cycle).
 
 Every ``import``/``from ... import`` in ``src/meshlayout`` (also the lazy ones inside
 functions and methods) and every ``importlib.import_module(...)`` / ``__import__(...)``
@@ -27,14 +28,7 @@ LAYERS = {
     "torchtitan_names": 3,
     "render": 3,
     "cli": 4,
-    "cli_args": 4,
-    "cli_checkpoint": 4,
-    "cli_plan": 4,
-    "cli_reshard": 4,
     "demo": 4,
-    "demo_checkpoint": 4,
-    "demo_checkpoint_report": 4,
-    "demo_train": 4,
     "torch": 4,
 }
 PURE_LAYERS = 3  # layers 1..3 must not import torch at module level
@@ -193,3 +187,96 @@ def test_the_checker_catches_dynamic_and_lazy_upward_imports(tmp_path: Path) -> 
     assert violations(root / "layout.py", root) == [
         "layout.py (layer 1) imports torch at module level"
     ]
+
+
+# ---------------------------------------------------------------------- import cycles
+
+
+def _module_name(path: Path, root: Path) -> str:
+    return ".".join(("meshlayout", *_module_of(path, root)))
+
+
+def import_graph(root: Path = SRC) -> dict[str, set[str]]:
+    """Module -> the meshlayout modules it imports (lazy imports too).
+
+    A package's ``__init__`` is the module named like the package. ``from pkg import
+    name`` points at ``pkg.name`` when that is a module, else at ``pkg``; importing a
+    submodule is an edge to the submodule only (its package's ``__init__`` runs
+    first, but that is not a dependency of the importing module's code).
+    """
+    files = sorted(root.rglob("*.py"))
+    modules = {_module_name(f, root) for f in files}
+    graph: dict[str, set[str]] = {}
+    for f in files:
+        me = _module_name(f, root)
+        targets = set()
+        for name, _ in _imports(f, root):
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != me and name.startswith("meshlayout"):
+                targets.add(name)
+        graph[me] = targets
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of two or more modules (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_import_cycle_between_modules() -> None:
+    assert import_cycles(import_graph()) == []
+
+
+def test_the_cycle_checker_catches_a_planted_cycle(tmp_path: Path) -> None:
+    root = tmp_path / "meshlayout"
+    (root / "cli").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "cli" / "__init__.py").write_text("from .main import main\n")
+    (root / "cli" / "main.py").write_text("from . import plan\n\ndef main(): ...\n")
+    (root / "cli" / "output.py").write_text("def emit(): ...\n")
+    # a lazy import back into the registry closes plan -> main -> plan
+    (root / "cli" / "plan.py").write_text(
+        "from .output import emit\n\ndef run():\n    from .main import main\n"
+    )
+    (root / "mesh.py").write_text("from .rank_map import RankMap\n")
+    (root / "rank_map.py").write_text("from . import mesh\n")  # a second, separate cycle
+    graph = import_graph(root)
+    assert graph["meshlayout.cli.plan"] == {"meshlayout.cli.output", "meshlayout.cli.main"}
+    assert import_cycles(graph) == [
+        ["meshlayout.cli.main", "meshlayout.cli.plan"],
+        ["meshlayout.mesh", "meshlayout.rank_map"],
+    ]
+    (root / "cli" / "plan.py").write_text("from .output import emit\n")  # the cycle broken
+    (root / "rank_map.py").write_text("")
+    assert import_cycles(import_graph(root)) == []

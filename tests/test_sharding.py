@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import meshlayout.sharding as sharding
 from meshlayout.mesh import Mesh
 from meshlayout.sharding import (
+    REDUCE_OPS,
     Partial,
     Replicate,
     Shard,
@@ -651,7 +652,7 @@ def test_bitwise_partial_on_float_data_names_the_op_and_dtype(op: str) -> None:
 @given(raw_specs())
 def test_str_of_every_placement_parses_back(case) -> None:
     """One spelling: ``str(p)`` is what ``--placements`` reads (``SS(d,sf)``, not ``_S``)."""
-    from meshlayout.cli_args import parse_placements
+    from meshlayout.cli.args import parse_placements
 
     _, _, placements = case
     text = ",".join(map(str, placements))
@@ -678,3 +679,50 @@ def test_docstring_examples() -> None:
         result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, mod.__name__
     assert doctest.testmod(s).attempted >= 5
+
+
+#: Two-op combinations that cannot reduce one tensor exactly, whatever the values:
+#: the mean of integers is fractional before a bitwise op sees it.
+_NEVER_EXACT = {("avg", b) for b in ("band", "bor", "bxor")} | {
+    (b, "avg") for b in ("band", "bor", "bxor")
+}
+
+
+@pytest.mark.parametrize("first", REDUCE_OPS)
+@pytest.mark.parametrize("second", REDUCE_OPS)
+@pytest.mark.parametrize("dtype", ["int64", "int8", "float64", "float32", "bool"])
+def test_every_pair_of_partial_ops_round_trips_or_names_the_ops_and_dtype(
+    first: str, second: str, dtype: str
+) -> None:
+    """``unshard(shard(x))`` on ``[Partial(a), Partial(b)]``: ``x`` back, or a TypeError
+    that names an op and the dtype, never numpy's own error or a wrong value."""
+    spec = ShardingSpec((4,), Mesh((2, 2)), [Partial(first), Partial(second)])
+    x = np.array([1, 0, 3, 2]).astype(dtype)
+    bitwise = {"band", "bor", "bxor"} & {first, second}
+    refused = (
+        (bitwise and dtype.startswith("float"))
+        or ("avg" in (first, second) and dtype == "bool")
+        or (first, second) in _NEVER_EXACT
+    )
+    if refused:
+        with pytest.raises(TypeError) as info:
+            spec.unshard({r: spec.shard(x, r) for r in range(4)})
+        text = str(info.value)
+        assert any(f"Partial('{op}')" in text for op in (first, second)), text
+        assert dtype in text or "bool" in text, text
+        return
+    got = spec.unshard({r: spec.shard(x, r) for r in range(4)})
+    assert got.tolist() == x.tolist(), (first, second, dtype, got)
+
+
+def test_partial_pairs_on_torch_tensors_refuse_like_numpy() -> None:
+    torch = pytest.importorskip("torch")
+    spec = ShardingSpec((4,), Mesh((2, 2)), [Partial("band"), Partial("avg")])
+    x = torch.tensor([1, 0, 3, 2])
+    with pytest.raises(TypeError, match=r"Partial\('band'\) and Partial\('avg'\).*int64"):
+        spec.unshard({r: spec.shard(x, r) for r in range(4)})
+    mean = ShardingSpec((4,), Mesh((2,)), [Partial("avg")])
+    with pytest.raises(TypeError, match=r"Partial\('avg'\) averages.*bool"):
+        mean.shard(torch.ones(4, dtype=torch.bool), 0)
+    both = ShardingSpec((4,), Mesh((2, 2)), [Partial("bxor"), Partial("max")])
+    assert both.unshard({r: both.shard(x, r) for r in range(4)}).tolist() == [1, 0, 3, 2]

@@ -25,7 +25,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from meshlayout import demo, demo_train
+from meshlayout.demo import model as demo_model
+from meshlayout.demo import train as demo_train
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(1800)]
 
@@ -35,13 +36,13 @@ STEPS = 2
 HANG_GUARD = 900
 #: The commands of docs/runtime.md; ``$PORT`` is a free port chosen at run time.
 STANDALONE = (
-    f"torchrun --standalone --nproc-per-node 4 -m meshlayout.demo_train --steps {STEPS} "
+    f"torchrun --standalone --nproc-per-node 4 -m meshlayout.demo.train --steps {STEPS} "
     "--timeout 300"
 )
 TWO_HOSTS = (
     "torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d "
     "--rdzv-endpoint 127.0.0.1:$PORT --rdzv-id meshlayout-demo "
-    f"-m meshlayout.demo_train --steps {STEPS} --timeout 300"
+    f"-m meshlayout.demo.train --steps {STEPS} --timeout 300"
 )
 STEP_LINE = re.compile(r"^step +(\d+)/(\d+) \[[#.]+\] loss (\S+)  single-process (\S+)  ok$", re.M)
 
@@ -134,7 +135,7 @@ def _launch(*argvs: list[str]) -> list[tuple[int, str, str]]:
 
 @pytest.fixture(scope="module")
 def reference_losses() -> list[float]:
-    losses, _ = demo._reference(STEPS)
+    losses, _ = demo_model.reference(STEPS)
     return losses
 
 
@@ -150,7 +151,7 @@ def _check_passed(out: str, world: int) -> None:
     assert "PASS losses match the single-process run" in out
     assert out.count("PASS full_tensor(") == 4
     assert "FAIL" not in out
-    assert f"demo_train passed on {world} processes" in out
+    assert f"demo.train passed on {world} processes" in out
 
 
 def test_standalone_one_host(reference_losses: list[float]) -> None:
@@ -203,9 +204,9 @@ def test_a_failed_check_exits_1() -> None:
     env = _env()
     env.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     code = (
-        "import sys, meshlayout.demo as demo\n"
-        "demo.LOSS_TOLERANCE = -1.0\n"
-        "from meshlayout.demo_train import main\n"
+        "import sys, meshlayout.demo.config as config\n"
+        "config.LOSS_TOLERANCE = -1.0\n"
+        "from meshlayout.demo.train import main\n"
         "sys.exit(main(['--steps', '1', '--timeout', '300']))\n"
     )
     proc = subprocess.run(
@@ -219,7 +220,7 @@ def test_a_failed_check_exits_1() -> None:
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "step   1/1" in proc.stdout and "MISMATCH" in proc.stdout
     assert "FAIL losses match the single-process run (1/1 steps" in proc.stdout
-    assert "demo_train FAILED on 1 processes" in proc.stdout
+    assert "demo.train FAILED on 1 processes" in proc.stdout
     assert "hosts: unknown" in proc.stdout  # not torchrun: no LOCAL_WORLD_SIZE / GROUP_RANK
 
 

@@ -17,6 +17,7 @@ from ._core import (
     Mode,
     as_layout,
     coalesce,
+    install_algebra,
     make_layout,
     nontrivial_sorted,
     pack,
@@ -244,3 +245,8 @@ def logical_product(a: Layout, tiler: Layout | int) -> Layout:
     b = as_layout(tiler, "logical_product")
     rest = a.complement(a.size() * b.cosize())
     return make_layout(rest.compose(b), a)
+
+
+install_algebra(
+    compose=compose, complement=complement, right_inverse=right_inverse, left_inverse=left_inverse
+)

@@ -2,14 +2,14 @@
 
 The algebra that builds new layouts from old ones (composition, complement,
 inverses, divide, product) lives in :mod:`meshlayout.layout._algebra`; the
-methods of :class:`Layout` that need it import it when called.
+methods of :class:`Layout` that need it call the functions it installs (see `install_algebra`).
 """
 
 from __future__ import annotations
 
 import ast
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,6 +52,18 @@ def _fmt(t: IntTuple) -> str:
     if len(t) == 1:
         return "(" + _fmt(t[0]) + ",)"
     return "(" + ",".join(_fmt(e) for e in t) + ")"
+
+
+#: The operations behind :meth:`Layout.compose`, :meth:`Layout.complement`,
+#: :meth:`Layout.right_inverse` and :meth:`Layout.left_inverse`, installed by
+#: :mod:`._algebra` when it is imported (``meshlayout.layout`` always imports it), so
+#: that the algebra depends on this module and never the reverse (no import cycle).
+_ALGEBRA: dict[str, Callable[..., Layout]] = {}
+
+
+def install_algebra(**operations: Callable[..., Layout]) -> None:
+    """Register the algebra's functions behind the :class:`Layout` methods of the same names."""
+    _ALGEBRA.update(operations)
 
 
 class Layout:
@@ -239,9 +251,7 @@ does not fit in int64 (at most 9223372036854775807); evaluate coordinates one by
         >>> Layout((4, 6)).compose(Layout(4, 6))
         4:6
         """
-        from ._algebra import compose
-
-        return compose(self, other)
+        return _ALGEBRA["compose"](self, other)
 
     def __matmul__(self, other: Layout) -> Layout:
         return self.compose(other)
@@ -260,14 +270,12 @@ does not fit in int64 (at most 9223372036854775807); evaluate coordinates one by
         >>> Layout((2, 2), (8, 2)).complement(32)
         (2,2,2):(16,4,1)
         """
-        from ._algebra import complement
-
         n = (
             self.cosize()
             if cotarget is None
             else check_int(cotarget, "complement cotarget", minimum=1)
         )
-        return complement(self, n)
+        return _ALGEBRA["complement"](self, n)
 
     def right_inverse(self) -> Layout:
         """The largest ``R`` with ``self(R(i)) == i`` for every ``i < size(R)``.
@@ -275,9 +283,7 @@ does not fit in int64 (at most 9223372036854775807); evaluate coordinates one by
         >>> Layout((4, 2), (1, 4)).right_inverse()
         (2,4):(1,2)
         """
-        from ._algebra import right_inverse
-
-        return right_inverse(self)
+        return _ALGEBRA["right_inverse"](self)
 
     def left_inverse(self) -> Layout:
         """A layout ``L`` with ``L(self(i)) == i`` for every ``i < size(self)``.
@@ -287,9 +293,7 @@ does not fit in int64 (at most 9223372036854775807); evaluate coordinates one by
         >>> Layout((2, 3), (1, 2)).left_inverse()(Layout((2, 3), (1, 2))(4))
         4
         """
-        from ._algebra import left_inverse
-
-        return left_inverse(self)
+        return _ALGEBRA["left_inverse"](self)
 
     def is_injective(self) -> bool:
         """No two coordinates map to the same index."""

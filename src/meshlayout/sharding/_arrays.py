@@ -5,6 +5,7 @@ torch is imported only when the arrays given are torch tensors.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -56,25 +57,45 @@ def as_array(x: Any, what: str) -> Any:
     )
 
 
-def check_reduce_dtype(x: Any, op: str) -> None:
-    """``TypeError`` naming ``op`` and the dtype when a bitwise op meets non-integer data.
+def check_reduce_dtype(x: Any, ops: Sequence[str]) -> None:
+    """``TypeError`` naming the ops and the dtype when ``ops`` cannot reduce ``x`` exactly.
 
-    >>> check_reduce_dtype(np.zeros(2), "band")
+    ``ops`` are the reduce ops of every ``Partial`` mesh dim of one spec. Refused:
+    a bitwise op (``band``/``bor``/``bxor``) on floating or complex data; ``avg`` on
+    bool data (a mean of truth values is not a truth value); ``avg`` together with a
+    bitwise op (the average is fractional, the bitwise op then has no integers left).
+    Every other combination reduces exactly (``avg`` of integers gives floats).
+
+    >>> check_reduce_dtype(np.zeros(2), ["band"])
     Traceback (most recent call last):
     ...
     TypeError: Partial('band') reduces with bitwise and, which needs integer or bool data, got float64
+    >>> check_reduce_dtype(np.zeros(2, dtype=np.int64), ["band", "avg"])
+    Traceback (most recent call last):
+    ...
+    TypeError: Partial('band') and Partial('avg') cannot reduce one tensor: the average of int64 data is fractional and bitwise and needs integers
     """
-    if op not in _BITWISE:
-        return
     dtype = x.dtype
+    name = str(dtype).removeprefix("torch.")
     if is_torch(x):
-        ok = not (dtype.is_floating_point or dtype.is_complex)
+        integral = not (dtype.is_floating_point or dtype.is_complex)
+        boolean = name == "bool"
     else:
-        ok = dtype == np.bool_ or np.issubdtype(dtype, np.integer)
-    if not ok:
+        boolean = dtype == np.bool_
+        integral = boolean or np.issubdtype(dtype, np.integer)
+    bitwise = [op for op in ops if op in _BITWISE]
+    for op in bitwise:
+        if not integral:
+            raise TypeError(
+                f"Partial({op!r}) reduces with {_BITWISE[op]}, which needs integer or bool data, "
+                f"got {name}"
+            )
+    if "avg" in ops and boolean:
+        raise TypeError("Partial('avg') averages, which needs numbers, not bool data")
+    if "avg" in ops and bitwise:
         raise TypeError(
-            f"Partial({op!r}) reduces with {_BITWISE[op]}, which needs integer or bool data, "
-            f"got {str(dtype).removeprefix('torch.')}"
+            f"Partial({bitwise[0]!r}) and Partial('avg') cannot reduce one tensor: the average "
+            f"of {name} data is fractional and {_BITWISE[bitwise[0]]} needs integers"
         )
 
 

@@ -314,9 +314,7 @@ class ShardingSpec:
             raise ValueError(
                 f"array of shape {shape} does not match global_shape {self.global_shape}"
             )
-        for p in self._placements:
-            if isinstance(p, Partial):
-                check_reduce_dtype(array, p.reduce_op)
+        check_reduce_dtype(array, [p.reduce_op for p in self._placements if isinstance(p, Partial)])
         piece = cut(array, self.local_runs(rank))
         coord = self.mesh.coordinate(rank)
         if coord is not None:
@@ -348,8 +346,7 @@ class ShardingSpec:
         groups: dict[tuple[Any, ...], dict[tuple[int, ...], tuple[int, Any]]] = {}
         for rank, given in pieces.items():
             piece = as_array(given, f"unshard: the piece of rank {rank!r}")
-            for _, op in partial:
-                check_reduce_dtype(piece, op)
+            check_reduce_dtype(piece, [op for _, op in partial])
             coord = self.mesh.coordinate(rank)
             if coord is None:
                 raise ValueError(f"rank {rank} is not in the mesh {self.mesh!r}")

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from ._export import ExportResult, export_safetensors
+from ._export import ExportResult, NotExportableError, export_safetensors
 from ._inspect import describe_checkpoint, read_metadata
 from ._plan import Chunk, ChunkIndex, Read, Tiling, replica_dims, tiling, written_boxes
 from ._planners import ExactLoadPlanner, ExactSavePlanner, dtensor_spec
@@ -40,6 +40,7 @@ from ._safetensors_load import (
     load_safetensors,
     read_safetensors_index,
 )
+from ._st_describe import describe_safetensors
 
 __all__ = [
     "Chunk",
@@ -48,10 +49,12 @@ __all__ = [
     "ExactSavePlanner",
     "ExportResult",
     "LoadStats",
+    "NotExportableError",
     "Read",
     "SafetensorsEntry",
     "Tiling",
     "describe_checkpoint",
+    "describe_safetensors",
     "dtensor_spec",
     "export_safetensors",
     "load",

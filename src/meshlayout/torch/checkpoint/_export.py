@@ -10,8 +10,10 @@ in place, one *slab* at a time: a slab is a range of the output in row-major ord
 cut along one dim so that every chunk's share of it is one contiguous byte range of
 that chunk's stored data (:mod:`._distcp`). Per slab: read each share into an input
 buffer, copy (casting if asked) into an output buffer, write the output buffer with
-one positioned write. Both buffers hold at most ``buffer_bytes``: resident memory
-stays near ``2 x buffer_bytes`` whatever the model or tensor size.
+one positioned write (a share that is a contiguous part of the slab and needs no cast
+is read straight into the output buffer). The two buffers share ``buffer_bytes``:
+resident memory stays near ``buffer_bytes`` above the interpreter's, whatever the model
+or tensor size.
 
 The files are written in a temporary directory inside ``out_dir`` and moved into
 place at the end (the index, or the single file, last), so an interrupted export
@@ -48,10 +50,15 @@ from ._st_format import (
     shard_name,
 )
 
-__all__ = ["ExportResult", "export_safetensors"]
+__all__ = ["ExportResult", "NotExportableError", "export_safetensors"]
 
 Progress = Callable[[int, int], None]
 _MIN_BUFFER = 64
+
+
+class NotExportableError(ValueError):
+    """The checkpoint does not hold some tensor exactly: its chunks leave a hole or
+    overlap, or a stored chunk is not what the metadata says (nothing was written)."""
 
 
 @dataclass(frozen=True)
@@ -146,8 +153,11 @@ def _renamed(
 
 
 def _out_dtype(stored: torch.dtype, dtype: torch.dtype | None) -> torch.dtype:
-    """Floating-point tensors take ``dtype``; integer and bool tensors keep theirs."""
-    return dtype if dtype is not None and stored.is_floating_point else stored
+    """Floating-point tensors of 16 bits or more take ``dtype``; integer, bool and 8-bit
+    float tensors (quantized weights, whose scales live beside them) keep theirs."""
+    if dtype is None or not stored.is_floating_point or _itemsize(stored) < 2:
+        return stored
+    return dtype
 
 
 class _Files:
@@ -194,7 +204,7 @@ def _plan(
         ]
         report = tiling(shape, chunks)
         if not report.exact:
-            raise ValueError(
+            raise NotExportableError(
                 f"tensor {name!r} {shape}: its saved chunks do not tile it ({report.describe()}); "
                 "the full tensor is not in the checkpoint, nothing was written"
             )
@@ -222,7 +232,7 @@ def _plan(
                 f.fileno(), int(info.offset), int(info.length), f"{where} in {info.relative_path}"
             )
             if stored.shape != sizes or stored.dtype != stored_dtype:
-                raise ValueError(
+                raise NotExportableError(
                     f"{where}: the metadata says {sizes} {stored_dtype}, {info.relative_path} "
                     f"holds {stored.shape} {stored.dtype}; the checkpoint's data does not match "
                     "its metadata, nothing was written"
@@ -312,7 +322,9 @@ def _fill(
     shape, o_size = t.shape, _itemsize(t.out_dtype)
     if math.prod(shape) == 0:
         return
-    budget = max(1, outbuf.numel() // max(o_size, _itemsize(t.dtype)))
+    i_size = _itemsize(t.dtype)
+    budget = max(1, min(outbuf.numel() // o_size, inbuf.numel() // i_size))
+    same = t.dtype == t.out_dtype
     index = ChunkIndex(
         shape, [(tuple(a for a, _ in p.box), tuple(b - a for a, b in p.box)) for p in t.pieces]
     )
@@ -337,7 +349,15 @@ def _fill(
             f = files.get(piece.path)
             local = [a - p for (a, _), (p, _) in zip(common, piece.box)]
             dest = tuple(slice(a - b0, e - b0) for (a, e), (b0, _) in zip(common[k:], box[k:]))
-            if piece.stored.contiguous:
+            if piece.stored.contiguous and same and common[k + 1 :] == box[k + 1 :]:
+                # the share is slab rows [a, e) whole: read it into the output buffer directly
+                csizes = [e - b for b, e in piece.box]
+                first = sum(c * math.prod(csizes[d + 1 :]) for d, c in enumerate(local))
+                row = math.prod(inner) * o_size
+                lo = (common[k][0] - start) * row if shape else 0
+                hi = (common[k][1] - start) * row if shape else o_size
+                _read_into(f, out_view[lo:hi], piece.stored.data_offset + first * i_size)
+            elif piece.stored.contiguous:
                 csizes = [e - b for b, e in piece.box]
                 first = sum(c * math.prod(csizes[d + 1 :]) for d, c in enumerate(local))
                 n = math.prod(e - a for a, e in common)
@@ -418,9 +438,9 @@ def export_safetensors(
     ``keys``: checkpoint names to export (default every tensor; non-tensor values are
     skipped). ``rename``: mapping (names it lacks keep theirs) or callable, checkpoint
     name -> output name. ``dtype`` (``"bf16"``, ``"BF16"``, ``torch.bfloat16``, ...):
-    floating-point tensors are cast to it on the way; integer and bool tensors keep
-    their dtype. ``buffer_bytes``: size of each of the two slab buffers (resident
-    memory stays near twice it). ``progress``: True draws a tqdm bar on stderr; a
+    floating-point tensors of 16 bits or more are cast to it on the way; integer, bool
+    and float8 tensors keep their dtype. ``buffer_bytes``: the slab buffers' total size (resident memory stays
+    near it above the interpreter's). ``progress``: True draws a tqdm bar on stderr; a
     callable gets ``(bytes_done, bytes_total)``.
 
     Raises, before writing anything: ValueError naming the tensor and the region when
@@ -471,8 +491,8 @@ def _write(
     tick, close = _progress(progress, total)
     tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=dest))
     try:
-        inbuf = torch.empty(buffer_bytes, dtype=torch.uint8)
-        outbuf = torch.empty(buffer_bytes, dtype=torch.uint8)
+        inbuf = torch.empty(buffer_bytes // 2, dtype=torch.uint8)
+        outbuf = torch.empty(buffer_bytes - buffer_bytes // 2, dtype=torch.uint8)
         weight_map: dict[str, str] = {}
         for name, group in zip(names, groups):
             entries, pos = {}, 0

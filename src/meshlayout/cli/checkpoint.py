@@ -1,4 +1,4 @@
-"""``meshlayout checkpoint DIR``: the tensors of a DCP checkpoint and whether their chunks tile.
+"""``meshlayout checkpoint PATH``: the tensors of a DCP checkpoint and whether their chunks tile.
 
 For every tensor: shape, dtype, number of chunks and the tiling verdict (``exact``, or
 the holes and overlaps by name); tensors that do not tile also list their chunks (as
@@ -6,6 +6,12 @@ does ``--tensor NAME``). Exit code 0 when every tensor tiles exactly, 1 when one
 not (or, with ``--verify``, when a stored chunk is not what the metadata says), 2 for
 a usage error. ``--format json`` prints the full report; ``--svg FILE`` draws one
 tensor's chunks coloured by writing rank. Needs torch (to read ``.metadata``).
+
+``PATH`` may also be a ``.safetensors`` file or a Hugging Face model directory
+(:mod:`.checkpoint_safetensors`), and ``meshlayout checkpoint export CHECKPOINT
+OUT_DIR`` writes a DCP checkpoint as safetensors (:mod:`.checkpoint_export`). A first
+path ``export`` always means the action: inspect a directory named ``export`` as
+``./export``. ``.metadata`` is read with a restricted unpickler: safe on any input.
 Registered in :data:`meshlayout.cli.COMMANDS`; see ``docs/checkpoint.md``.
 """
 
@@ -13,14 +19,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
-from .cli_args import ArgError, one_line, shown
+from .args import ArgError, one_line, shown
+from .checkpoint_export import EXPORT_FLAGS, add_export_arguments, run_export
+from .checkpoint_safetensors import run_safetensors
+from .output import write
 
 __all__ = ["EPILOG", "HELP", "add_arguments", "report_text", "run"]
 
 HELP = "a DCP checkpoint's tensors: shapes, dtypes, chunks, writers; holes and overlaps named"
+
+USAGE = """\
+meshlayout checkpoint [--tensor NAME] [--verify] [--format {text,json}] [--svg FILE] PATH
+       meshlayout checkpoint export [--max-file-size SIZE] [--buffer SIZE] [--dtype DTYPE]
+                                    [--strip-prefix PREFIX] [--format {text,json}] CHECKPOINT OUT_DIR"""
 
 EPILOG = """\
 examples:
@@ -29,17 +42,30 @@ examples:
   meshlayout checkpoint --verify ckpt/step-100        # also open every stored chunk
   meshlayout checkpoint --format json ckpt/step-100
   meshlayout checkpoint --svg chunks.svg ckpt/step-100  # first tensor that does not tile
+  meshlayout checkpoint hf-out/                       # a safetensors file or model directory
+  meshlayout checkpoint export ckpt/step-100 hf-out --dtype bf16 --strip-prefix model.
+  meshlayout checkpoint ./export                      # a directory named export
 
 exit codes: 0 every tensor tiles exactly, 1 some tensor does not (or --verify found
-stored data that differs from the metadata), 2 usage error.
+stored data that differs from the metadata; for safetensors, the index disagrees with
+the files; for export, nothing was written because of that), 2 usage error.
+.metadata is read with a restricted unpickler: inspecting and exporting are safe on
+any checkpoint; loading one (dcp.load) unpickles it: load only checkpoints you trust.
 """
 
 _CHUNKS_SHOWN = 32
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``checkpoint`` subcommand's arguments."""
-    p.add_argument("dir", metavar="DIR", help="checkpoint directory (holds .metadata)")
+    """The ``checkpoint`` subcommand's arguments (inspecting, and the ``export`` action's)."""
+    p.usage = USAGE
+    p.add_argument(
+        "paths",
+        metavar="PATH",
+        nargs="+",
+        help="checkpoint directory (holds .metadata), or a .safetensors file or directory; "
+        "or: export CHECKPOINT OUT_DIR",
+    )
     p.add_argument("--tensor", metavar="NAME", help="list this tensor's chunks (and draw it)")
     p.add_argument(
         "--verify",
@@ -50,6 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--format", choices=("text", "json"), default="text", help="stdout format (default text)"
     )
     p.add_argument("--svg", metavar="FILE", help="write an SVG of one tensor's chunks to FILE")
+    add_export_arguments(p)
 
 
 def _box(box: list[list[int]]) -> str:
@@ -123,9 +150,25 @@ def _pick(report: dict[str, Any], name: str | None) -> dict[str, Any] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the report; return 0 (all exact) or 1."""
+    """Inspect PATH (0 all exact, else 1) or run ``export``."""
+    paths: list[str] = args.paths
+    if paths[0] == "export":
+        return run_export(args, paths[1:])
+    for dest in EXPORT_FLAGS:
+        if getattr(args, dest, None) is not None:
+            flag = "--" + dest.replace("_", "-")
+            raise ArgError(f"{flag} applies to 'meshlayout checkpoint export CHECKPOINT OUT_DIR'")
+    if len(paths) > 1:
+        raise ArgError(f"give one PATH to inspect, got {len(paths)}: {' '.join(map(shown, paths))}")
+    args.dir = paths[0]
     try:
-        from .torch.checkpoint._inspect import describe_checkpoint
+        from ..torch.checkpoint._st_describe import is_safetensors
+    except ImportError as exc:
+        raise ArgError(f"the checkpoint command needs torch: {exc}") from None
+    if is_safetensors(args.dir):
+        return run_safetensors(args, args.dir)
+    try:
+        from ..torch.checkpoint._inspect import describe_checkpoint
     except ImportError as exc:
         raise ArgError(f"the checkpoint command needs torch: {exc}") from None
     try:
@@ -136,19 +179,9 @@ def run(args: argparse.Namespace) -> int:
     if args.svg:
         if entry is None:
             raise ArgError(f"--svg {shown(args.svg)}: the checkpoint holds no tensor to draw")
-        from .render.checkpoint_svg import checkpoint_svg
+        from ..render.checkpoint_svg import checkpoint_svg
 
-        content = checkpoint_svg(entry)
-        try:
-            with open(args.svg, "w", encoding="utf-8") as f:
-                f.write(content)
-        except (OSError, ValueError) as exc:
-            reason = getattr(exc, "strerror", None) or str(exc)
-            raise ArgError(f"--svg {shown(args.svg)}: cannot write: {reason}") from None
-        print(
-            f"wrote {one_line(args.svg)} ({entry['name']}, {len(content.encode())} bytes)",
-            file=sys.stderr,
-        )
+        write("--svg", args.svg, checkpoint_svg(entry), what=entry["name"])
     if args.format == "json":
         print(json.dumps(report, indent=1))
     else:

@@ -7,7 +7,7 @@ By default the degrees are those of :class:`~meshlayout.ParallelDims`
 :class:`~meshlayout.MegatronDims` with ``tp, pp, cp, ep, etp`` and that order,
 its views named as Megatron's (``dp_cp``, ``tp_ep_pp``, ...). Both kinds give
 the report :func:`meshlayout.render.plan_report` reads (:class:`~meshlayout.render.reports.PlanDims`), so everything below the construction is shared.
-User mistakes raise :class:`~meshlayout.cli_args.ArgError` (exit 2, one line).
+User mistakes raise :class:`~meshlayout.cli.args.ArgError` (exit 2, one line).
 See ``docs/cli.md`` and ``docs/megatron.md``.
 """
 
@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 
-from . import megatron, render
-from .cli_args import ArgError, int_arg, parse_names, shown, user_input
-from .megatron import MegatronDims
-from .parallel_dims import VIEWS, ParallelDims
-from .render.reports import PlanDims
+from .. import megatron, render
+from ..megatron import MegatronDims
+from ..parallel_dims import VIEWS, ParallelDims
+from ..render.reports import PlanDims
+from .args import ArgError, int_arg, parse_names, shown, user_input
+from .output import add_output, emit, picture_flags, too_large, write
 
 __all__ = ["EPILOG", "HELP", "add_arguments", "plan_dims", "run"]
 
@@ -62,7 +63,6 @@ _MEGATRON_DEGREES = ("tp", "pp", "cp", "ep", "etp")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``plan`` flags (the output flags are the command's shared ones)."""
-    from .cli import _add_output  # the command's shared output flags (cli imports us)
 
     p.add_argument("--world", type=_positive, required=True, help="number of ranks")
     p.add_argument("--pp", type=_positive, default=1, help="pipeline stages")
@@ -109,7 +109,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--all-groups", action="store_true", help="text: list every group (no abridging)"
     )
-    _add_output(p)
+    add_output(p)
 
 
 # ---------------------------------------------------------------------- the dims
@@ -228,10 +228,9 @@ def _pictures(
 # ---------------------------------------------------------------------- the command
 def run(args: argparse.Namespace) -> int:
     """``meshlayout plan``: the report as text or JSON, and the pictures asked for."""
-    from .cli import _emit, _picture_flags, _too_large, _write  # shared helpers (cli imports us)
 
     if args.order is not None and args.megatron_order is None:
-        with _too_large(f"--order {shown(args.order)}"):  # it permutes every rank: check first
+        with too_large(f"--order {shown(args.order)}"):  # it permutes every rank: check first
             render.check_size(args.world, f"--world {args.world}: the order permutes every rank")
     dims = plan_dims(args)
     if args.rank is not None and args.rank not in dims.rank_map:
@@ -241,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
     flags = ["--format json"] if args.format == "json" else []
     flags += ["--all-groups"] if args.all_groups else []
     flags += [] if args.ranks_per_host is None else [f"--ranks-per-host {args.ranks_per_host}"]
-    with _too_large(" ".join(flags)):
+    with too_large(" ".join(flags)):
         report = render.plan_report(
             dims,
             views=chosen,
@@ -251,13 +250,13 @@ def run(args: argparse.Namespace) -> int:
         )
     text = render.plan_text(report, all_groups=args.all_groups)
     if args.svg or args.html:
-        with _too_large(_picture_flags(args)):
+        with too_large(picture_flags(args)):
             pictures = _pictures(dims, args, chosen)
         if args.svg:
-            _write("--svg", args.svg, render.stack([p for _, p in pictures]).to_string())
+            write("--svg", args.svg, render.stack([p for _, p in pictures]).to_string())
         if args.html:
             sections = [render.Section("plan", text=text)]
             sections += [render.Section(name, pictures=[p]) for name, p in pictures]
-            _write("--html", args.html, render.html_page(f"meshlayout plan: {dims!r}", sections))
-    _emit(args, report, text)
+            write("--html", args.html, render.html_page(f"meshlayout plan: {dims!r}", sections))
+    emit(args, report, text)
     return 0

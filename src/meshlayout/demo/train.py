@@ -1,14 +1,14 @@
 """The demo's training as a torchrun script: one host or several (layer 4).
 
 ``meshlayout demo`` starts its own worker interpreters on this machine; this
-module runs the same training body (:func:`meshlayout.demo._worker`) in the
+module runs the same training body (:func:`meshlayout.demo.worker.worker`) in the
 processes torchrun starts, on one host or on several::
 
-    torchrun --standalone --nproc-per-node 4 -m meshlayout.demo_train --steps 3
+    torchrun --standalone --nproc-per-node 4 -m meshlayout.demo.train --steps 3
 
     # on every host (two here); $HEAD is a host every agent can reach
     torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d \\
-             --rdzv-endpoint $HEAD:29500 --rdzv-id demo -m meshlayout.demo_train --steps 3
+             --rdzv-endpoint $HEAD:29500 --rdzv-id demo -m meshlayout.demo.train --steps 3
 
 Every worker joins the default process group from torchrun's environment
 (``env://``: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and
@@ -29,13 +29,16 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import IO, Any
 
-from . import demo
+from .checks import check_training, step_line
+from .config import DemoConfig, demo_parallel_dims
+from .model import reference
+from .worker import quiet_torch, worker
 
 __all__ = ["main"]
 
 
 class _Rank0Printer:
-    """The events of :func:`meshlayout.demo._worker`, printed as they come (rank 0) or kept."""
+    """The events of :func:`meshlayout.demo.worker.worker`, printed as they come (rank 0) or kept."""
 
     def __init__(self, rank: int, steps: int, ref_losses: list[float], out: IO[str]) -> None:
         self.rank = rank
@@ -59,7 +62,7 @@ class _Rank0Printer:
         elif kind == "loss":
             _, step, value = event
             self.losses[step] = value
-            self._print(demo._step_line(step, self.steps, value, self.ref_losses[step]))
+            self._print(step_line(step, self.steps, value, self.ref_losses[step]))
         elif kind == "params":
             self.params = event[1]
         elif kind == "error":
@@ -69,7 +72,7 @@ class _Rank0Printer:
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m meshlayout.demo_train",
+        prog="python -m meshlayout.demo.train",
         description="The meshlayout demo's TP + FSDP2 training, launched by torchrun.",
     )
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
@@ -89,7 +92,7 @@ def _world_from_environment() -> tuple[int, int]:
     if missing:
         raise ValueError(
             f"{', '.join(missing)} unset: launch with torchrun, e.g. "
-            "torchrun --standalone --nproc-per-node 4 -m meshlayout.demo_train"
+            "torchrun --standalone --nproc-per-node 4 -m meshlayout.demo.train"
         )
     values = []
     for name in ("RANK", "WORLD_SIZE"):
@@ -106,41 +109,39 @@ def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
     args = _parse(argv)
     try:
         rank, world = _world_from_environment()
-        cfg = demo.DemoConfig(nproc=world, steps=args.steps, timeout=args.timeout)
+        cfg = DemoConfig(nproc=world, steps=args.steps, timeout=args.timeout)
     except (TypeError, ValueError) as exc:
-        print(f"demo_train: {exc}", file=sys.stderr)
+        print(f"demo.train: {exc}", file=sys.stderr)
         return 2
 
     import torch
     import torch.distributed as dist
 
-    demo._quiet_torch()
+    quiet_torch()
     dist.init_process_group("gloo", timeout=timedelta(seconds=cfg.timeout))  # env://
-    pd = demo.demo_parallel_dims(world)
-    ref_losses, ref_params = demo._reference(cfg.steps) if rank == 0 else ([], {})
+    pd = demo_parallel_dims(world)
+    ref_losses, ref_params = reference(cfg.steps) if rank == 0 else ([], {})
     events = _Rank0Printer(rank, cfg.steps, ref_losses, out)
     if rank == 0:
         print(
-            f"== demo_train: TP={pd.degrees['tp']} x FSDP={pd.mesh('fsdp').size()} "
+            f"== demo.train: TP={pd.degrees['tp']} x FSDP={pd.mesh('fsdp').size()} "
             f"on {world} torchrun processes ==",
             file=out,
             flush=True,
         )
-    demo._worker(rank, cfg, None, events)
+    worker(rank, cfg, None, events)
     if events.errors:  # peers may be stuck in a collective: leave, torchrun stops them
         return 1
     ok = True
     if rank == 0:
         print("\n== checks ==", file=out)
-        ok = demo._check_training(
-            cfg.steps, events.losses, events.params, ref_losses, ref_params, out
-        )
+        ok = check_training(cfg.steps, events.losses, events.params, ref_losses, ref_params, out)
     verdict = torch.tensor([0 if ok else 1])
     dist.broadcast(verdict, src=0)  # every rank (every agent) exits with rank 0's verdict
     dist.destroy_process_group()
     ok = int(verdict.item()) == 0
     if rank == 0:
-        print(f"demo_train {'passed' if ok else 'FAILED'} on {world} processes", file=out)
+        print(f"demo.train {'passed' if ok else 'FAILED'} on {world} processes", file=out)
     out.flush()
     return 0 if ok else 1
 

@@ -16,7 +16,7 @@ After training, every demo worker calls :func:`worker_phase`, which
    DTensor whose ranks hold several runs (8 rows on 2 ranks).
 
 Rank 0 returns a JSON-ready summary; the calling process hands it to :func:`report`
-(:mod:`.demo_checkpoint_report`, re-exported here), which loads both checkpoints into
+(:mod:`.checkpoint_report`, re-exported here), which loads both checkpoints into
 plain tensors itself and prints the ``PASS``/``FAIL`` lines and the plain-DCP
 comparison. Only our planners' results decide the demo's exit status.
 
@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from .demo_checkpoint_report import EXACT, differences, error_message, report
-from .mesh import Mesh
-from .parallel_dims import ParallelDims
-from .sharding import Placement, Shard, ShardingSpec, StridedShard, torch_split_runs
+from ..mesh import Mesh
+from ..parallel_dims import ParallelDims
+from ..sharding import Placement, Shard, ShardingSpec, StridedShard, torch_split_runs
+from .checkpoint_report import EXACT, differences, error_message, report
 
 __all__ = [
     "Probe",
@@ -261,7 +261,7 @@ def _planners() -> dict[str, tuple[Callable[..., Any], Callable[..., Any]]]:
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-    from .torch import checkpoint as mlcp
+    from ..torch import checkpoint as mlcp
 
     def plain_save(sd: dict[str, Any], path: str) -> None:
         dcp_save(sd, checkpoint_id=path)
@@ -282,7 +282,7 @@ def _model_phase(
     model: Any, pd: ParallelDims, root: str, make_model: Callable[[], Any]
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """Save the trained model with both planners; reload into :func:`reload_dims`."""
-    from .torch import build
+    from ..torch import build
 
     trained = _full(model.state_dict())
     outcome: dict[str, str] = {}

@@ -6,7 +6,7 @@ totals, the busiest ranks, elements crossing hosts (``--ranks-per-host``) and th
 comparison with "all-gather then slice". ``--format json`` gives the complete
 plan; ``--svg``/``--html`` draw the heat map and the boxes each destination rank
 receives (:mod:`meshlayout.render.reshard_svg`). User mistakes raise
-:class:`~meshlayout.cli_args.ArgError` (exit 2, one line). See ``docs/reshard.md``.
+:class:`~meshlayout.cli.args.ArgError` (exit 2, one line). See ``docs/reshard.md``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from .cli_args import (
+from ..render import Section, check_size, html_page, placement_text, ranks_text
+from ..render._fmt import table
+from ..render.reshard_svg import reshard_picture
+from ..sharding import Partial, ReshardPlan, ShardingSpec, reshard_plan
+from .args import (
     ArgError,
     build_mesh,
     int_arg,
@@ -29,10 +33,7 @@ from .cli_args import (
     spec_from_flags,
     user_input,
 )
-from .render import Section, TooLargeError, check_size, html_page, placement_text, ranks_text
-from .render._fmt import table
-from .render.reshard_svg import reshard_picture
-from .sharding import Partial, ReshardPlan, ShardingSpec, reshard_plan
+from .output import add_output, json_text, too_large, write
 
 __all__ = ["EPILOG", "HELP", "ITEMSIZE", "add_arguments", "reshard_report", "reshard_text", "run"]
 
@@ -76,12 +77,6 @@ _ROWS_HEAD, _ROWS_TAIL = 12, 2
 _COLS_HEAD, _COLS_TAIL = 8, 2
 
 
-def _file_name(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError(f"expected a file name, got {shown(text)}")
-    return text
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``meshlayout reshard``."""
     p.add_argument("--shape", required=True, help="global tensor shape, e.g. 8,6")
@@ -103,15 +98,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="ranks [k*N, (k+1)*N) form host k: prefer same-host senders, count cross-host traffic",
     )
     p.add_argument("--dtype", choices=tuple(ITEMSIZE), help="also report bytes for this dtype")
-    p.add_argument(
-        "--format", choices=("text", "json"), default="text", help="stdout format (default text)"
-    )
-    p.add_argument(
-        "--svg", metavar="FILE", type=_file_name, help="also write an SVG picture to FILE"
-    )
-    p.add_argument(
-        "--html", metavar="FILE", type=_file_name, help="also write a self-contained HTML page"
-    )
+    add_output(p)
 
 
 @contextmanager
@@ -128,14 +115,6 @@ def _renamed(flag: str) -> Iterator[None]:
         raise ArgError(text) from None
 
 
-@contextmanager
-def _too_large(flag: str) -> Iterator[None]:
-    try:
-        yield
-    except TooLargeError as exc:
-        raise ArgError(f"{flag}: {exc}") from None
-
-
 def _side_spec(args: argparse.Namespace, side: str, shape: tuple[int, ...]) -> ShardingSpec:
     """One side's spec from its flags; every error names the flag and the value."""
     mesh_flag, ranks_flag = f"--{side}-mesh", f"--{side}-ranks"
@@ -150,7 +129,7 @@ def _side_spec(args: argparse.Namespace, side: str, shape: tuple[int, ...]) -> S
         shape_flag=mesh_flag,
         ranks_flag=ranks_flag,
     )
-    with _too_large(f"{mesh_flag} {shown(getattr(args, f'{side}_mesh'))}"):
+    with too_large(f"{mesh_flag} {shown(getattr(args, f'{side}_mesh'))}"):
         check_size(len(mesh.rank_map), "a reshard plan looks at every rank")
     order = None
     if order_text is not None:
@@ -353,20 +332,19 @@ def reshard_text(plan: ReshardPlan, *, dtype: str | None = None) -> str:
 # ---------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> int:
     """``meshlayout reshard``: build the plan, print it, write the pictures asked for."""
-    from .cli import _write, json_text  # the command's shared output helpers (cli imports us)
 
     plan = _plan(args)
     text = reshard_text(plan, dtype=args.dtype)
     if args.svg or args.html:
         picture = reshard_picture(plan)
         if args.svg:
-            _write("--svg", args.svg, picture.to_string())
+            write("--svg", args.svg, picture.to_string())
         if args.html:
             section = Section("reshard plan", text=text, pictures=[picture])
             title = f"meshlayout reshard: {plan.src_spec.global_shape}"
-            _write("--html", args.html, html_page(title, [section]))
+            write("--html", args.html, html_page(title, [section]))
     if args.format == "json":
-        with _too_large("--format json"):
+        with too_large("--format json"):
             check_size(len(plan), "--format json lists every transfer", "transfers")
         print(json_text(reshard_report(plan, dtype=args.dtype)))
     else:

@@ -1,6 +1,6 @@
 """The demo's checkpoint outcomes: how a check is worded, and the parent's report (layer 4).
 
-Every check of :mod:`.demo_checkpoint` ends as one *outcome* string: :data:`EXACT`,
+Every check of :mod:`.checkpoint` ends as one *outcome* string: :data:`EXACT`,
 or what went wrong (``"dcp.save fails: ..."``, ``"dcp.load fails: ..."``, ``"loads
 wrong values: ..."``). The workers word them with :func:`error_message` and
 :func:`differences`; the calling process hands rank 0's summary to :func:`report`,
@@ -68,7 +68,7 @@ def report(
 ) -> bool:
     """Print the checkpoint section; True if every check of our planners passed.
 
-    ``summary`` is rank 0's :func:`.demo_checkpoint.worker_phase` result (None: no
+    ``summary`` is rank 0's :func:`.checkpoint.worker_phase` result (None: no
     worker reported one), ``root`` the directory the workers saved into,
     ``reference`` the single-process run's parameters, ``tolerance`` the demo's
     ``PARAM_TOLERANCE``. This process loads both checkpoints into plain tensors
@@ -199,7 +199,7 @@ def _load_plain(root: str, who: str, like: Mapping[str, Any]) -> dict[str, Any]:
     import torch
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-    from .torch import checkpoint as mlcp
+    from ..torch import checkpoint as mlcp
 
     state = {"model": {k: torch.zeros_like(v) for k, v in like.items()}}
     path = os.path.join(root, who)
@@ -222,7 +222,7 @@ def _plain_tensor_check(root: str, who: str, trained: Mapping[str, Any]) -> str:
 
 def _chunk_summary(root: str) -> tuple[bool, str]:
     """Our checkpoint as ``meshlayout checkpoint`` sees it: tensors, chunks, exact tiling."""
-    from .torch.checkpoint import describe_checkpoint
+    from ..torch.checkpoint import describe_checkpoint
 
     try:
         described = describe_checkpoint(os.path.join(root, "ours"))

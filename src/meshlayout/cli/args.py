@@ -23,8 +23,8 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-from .mesh import Mesh
-from .sharding import REDUCE_OPS, Partial, Placement, Replicate, Shard, ShardingSpec, StridedShard
+from ..mesh import Mesh
+from ..sharding import REDUCE_OPS, Partial, Placement, Replicate, Shard, ShardingSpec, StridedShard
 
 __all__ = [
     "INT64_MAX",
@@ -39,6 +39,7 @@ __all__ = [
     "parse_placements",
     "parse_ranks",
     "parse_shard_order",
+    "parse_size",
     "parse_unflatten",
     "range_length",
     "shown",
@@ -97,7 +98,7 @@ def user_input(flag: str, value: object = _NO_VALUE) -> Iterator[None]:
     ...     raise ValueError("mesh sizes must be >= 1, got [0]")
     Traceback (most recent call last):
     ...
-    meshlayout.cli_args.ArgError: --shape 'a=0': mesh sizes must be >= 1, got [0]
+    meshlayout.cli.args.ArgError: --shape 'a=0': mesh sizes must be >= 1, got [0]
     """
     try:
         yield
@@ -123,7 +124,7 @@ def parse_int(text: str, what: str, *, minimum: int | None = None, maximum: int 
     >>> parse_int("9223372036854775808", "--world")
     Traceback (most recent call last):
     ...
-    meshlayout.cli_args.ArgError: --world: 9223372036854775808 is more than 9223372036854775807 (int64)
+    meshlayout.cli.args.ArgError: --world: 9223372036854775808 is more than 9223372036854775807 (int64)
     """
     text = text.strip()
     if not _INT_RE.fullmatch(text):
@@ -154,6 +155,48 @@ def int_arg(minimum: int | None = None, maximum: int = INT64_MAX) -> Callable[[s
 
     convert.__name__ = "int"  # argparse names the type in some messages
     return convert
+
+
+#: Byte multipliers of size suffixes (lower case): binary KiB.., decimal KB.., plain B.
+_UNITS = {"": 1, "b": 1}
+for _i, _p in enumerate("kmgt", start=1):
+    _UNITS[_p + "ib"] = 1024**_i
+    _UNITS[_p + "b"] = 1000**_i
+    _UNITS[_p] = 1024**_i  # a bare K/M/G/T means the binary unit, as dd and torchrun do
+_SIZE_TEXT = re.compile(r"(\d+)(?:\.(\d+))?\s*([A-Za-z]*)")
+
+
+def parse_size(
+    text: str, what: str = "--size", *, minimum: int = 1, maximum: int = INT64_MAX
+) -> int:
+    """Bytes from ``4096``, ``64MiB``, ``64M``, ``1.5GiB``, ``2GB`` (KiB.. = 1024^k, KB.. = 1000^k,
+    a bare K/M/G/T = KiB/MiB/GiB/TiB), in ``[minimum, maximum]``; else ArgError naming ``what``.
+
+    >>> parse_size("64MiB"), parse_size("1.5 GiB"), parse_size("2GB"), parse_size("512")
+    (67108864, 1610612736, 2000000000, 512)
+    >>> parse_size("1.5B", "--buffer")
+    Traceback (most recent call last):
+    ...
+    meshlayout.cli.args.ArgError: --buffer: '1.5B' is not a whole number of bytes
+    """
+    m = _SIZE_TEXT.fullmatch(text.strip())
+    if not m or len(text.strip()) > _MAX_DIGITS:
+        raise ArgError(f"{what}: {shown(text)} is not a size (e.g. 4096, 64MiB, 1.5GiB, 2GB)")
+    whole, frac, unit = m.group(1), m.group(2) or "", m.group(3).lower()
+    if unit not in _UNITS:
+        raise ArgError(
+            f"{what}: unknown unit {m.group(3)!r} in {shown(text)} (use B, KiB, MiB, GiB, TiB, "
+            "KB, MB, GB, TB or K, M, G, T)"
+        )
+    scale: int = 10 ** len(frac)
+    value, rest = divmod(int(whole + frac) * _UNITS[unit], scale)
+    if rest:
+        raise ArgError(f"{what}: {shown(text)} is not a whole number of bytes")
+    if value < minimum:
+        raise ArgError(f"{what}: must be at least {minimum} bytes, got {shown(text)}")
+    if value > maximum:
+        raise ArgError(f"{what}: {shown(text)} is {value} bytes, more than {maximum}")
+    return value
 
 
 def _name(text: str, what: str) -> str:
@@ -300,7 +343,7 @@ def spec_from_flags(
     ...                 ("0:tp", parse_shard_order("0:tp")))
     Traceback (most recent call last):
     ...
-    meshlayout.cli_args.ArgError: --placements 'S(0),R' decode to shard order {0: (0,)}, but --shard-order '0:tp' says {0: (1,)}
+    meshlayout.cli.args.ArgError: --placements 'S(0),R' decode to shard order {0: (0,)}, but --shard-order '0:tp' says {0: (1,)}
     """
     if placements is None and shard_order is None:
         raise ArgError(f"give {flags[0]}, {flags[1]}, or both")
