@@ -7,6 +7,11 @@ Shard(1), an undecodable ``[StridedShard(0, 2)]`` (several runs per rank), Repli
 dims, a 0-d plain tensor — and into a real FSDP2-over-TP model (``fully_shard`` over
 ``parallelize_module`` Colwise/Rowwise), whose forward then matches the reference.
 
+A second, single spawned process emulates 16 ranks with torch's fake process group
+(``dcp_emulation``) and loads 40 random shardings (those of
+tests/test_checkpoint_emulated.py: uneven, strided, undecodable, replicated, mesh
+families, empty pieces; float32, bfloat16, int64) on every rank of each.
+
 Expected values never come from the code under test: every local piece is compared
 with the brute-force ``ShardingSpec.shard`` of the saved tensor (whose layout
 tests/test_sharding_multiproc.py checks against FSDP2's physical storage) and, where
@@ -261,3 +266,55 @@ def test_load_into_dtensors_and_fsdp_tp_model(tmp_path: Path) -> None:
         assert needed == share and share <= read <= share + GAP * 14, m["bytes"]
     placements = results[0]["model"]["placements"]
     assert "_StridedShard" in placements["0.weight"], placements  # FSDP over TP really strided
+
+
+# ---------------------------------------------------------------------- random shardings
+def _random_loads(rank: int, world: int, root: str, cases: list[Any]) -> tuple[list[str], int]:
+    """Every rank of each random sharding, emulated one after another (fake group)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from dcp_emulation import as_rank, dtensor_of
+    from meshlayout.torch.checkpoint import load_safetensors
+    from test_checkpoint_emulated import WORLD
+
+    failures, checked = [], 0
+    for i, (_, spec, dtype) in enumerate(cases):
+        shape = spec.global_shape
+        data = (torch.arange(math.prod(shape)) % 251).reshape(shape).to(getattr(torch, dtype))
+        path = f"{root}/case{i}.safetensors"
+        save_file({"t": data}, path)
+        for r in range(WORLD):
+            if r not in spec.mesh:
+                continue
+            where = f"case {i}: {spec} ({dtype}) rank {r}"
+            checked += 1
+            try:
+                with as_rank(r, WORLD):
+                    dest = dtensor_of(spec, r, torch.zeros(shape, dtype=data.dtype))
+                    stats = load_safetensors({"t": dest}, path)
+                got, want = dest.to_local(), spec.shard(data, r)
+                need = want.numel() * want.element_size()
+                ranges = math.prod(want.shape[:-1]) if want.dim() > 1 else 1
+                if not torch.equal(got, want):
+                    failures.append(f"{where}: loaded {got.tolist()} != {want.tolist()}")
+                if stats.bytes_needed != need or not (
+                    need <= stats.bytes_read <= need + GAP * ranges
+                ):
+                    failures.append(f"{where}: read {stats.bytes_read}, share {need}")
+            except Exception as exc:  # report and go on: one run checks every case
+                failures.append(f"{where}: {type(exc).__name__}: {exc}")
+    return failures, checked
+
+
+def test_random_shardings_load_exactly(tmp_path: Path) -> None:
+    """40 random shardings (uneven, strided, undecodable, replicated, mesh families,
+    empty pieces; 12 emulated ranks): every piece equals ``ShardingSpec.shard``."""
+    from test_checkpoint_emulated import _cases
+
+    cases = _cases(40, seed=29)
+    ((failures, checked),) = run_multiproc(
+        _random_loads, 1, str(tmp_path), cases, timeout=280, start_method="spawn", init=False
+    )
+    assert failures == []
+    assert checked > 100  # (case, rank) pairs
