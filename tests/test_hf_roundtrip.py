@@ -36,6 +36,9 @@ from typing import Any
 
 import pytest
 
+# no downloads, ever: set before transformers / huggingface_hub read it at import
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 pytest.importorskip("transformers")
@@ -225,14 +228,13 @@ def _body(rank: int, world: int, hf_in: str, root: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- parent
-def test_hf_round_trip_fsdp_over_tp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hf_round_trip_fsdp_over_tp(tmp_path: Path) -> None:
     import torch
     from safetensors.torch import load_file
     from transformers import LlamaForCausalLM
 
     from meshlayout.torch.checkpoint import export_safetensors
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
     source = LlamaForCausalLM(_config())
     hf_in = tmp_path / "hf_in"
