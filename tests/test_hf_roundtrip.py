@@ -212,6 +212,8 @@ def _body(rank: int, world: int, hf_in: str, root: str) -> dict[str, Any]:
         need += got.numel() * got.element_size()
         if not torch.equal(got, want):
             bad.append(f"rank {rank} {name}: local piece differs from the file's slice")
+        if not torch.equal(value.full_tensor(), full[name]):  # torch's own assembly
+            bad.append(f"rank {rank} {name}: full_tensor() differs from the file")
     _train_step(model)
     trained = {k: v.full_tensor().detach().clone() for k, v in model.state_dict().items()}
     mlcp.save(model.state_dict(), os.path.join(root, "ours"))
