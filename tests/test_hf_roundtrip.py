@@ -49,7 +49,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(9
 
 DP, TP = 3, 2
 LR = 0.5
-GAP = 4096  # gaps up to one page between a rank's ranges may be read through
+GAP = 4096  # gaps shorter than a page between a rank's ranges may be read through
 
 
 # ---------------------------------------------------------------------- shared

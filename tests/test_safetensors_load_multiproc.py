@@ -35,7 +35,7 @@ from multiproc import run_multiproc
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(600)]
 
-GAP = 4096  # _safetensors_load._GAP_BYTES: gaps up to one page may be read through
+GAP = 4096  # gaps shorter than a page between a rank's ranges may be read through
 
 
 # ---------------------------------------------------------------------- shared (parent + children)
