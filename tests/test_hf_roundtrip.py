@@ -21,9 +21,10 @@ TP weight is ``_StridedShard`` under FSDP2. It goes through:
    transformers does; every rank then holds the whole model) writes the right values.
    At vocab 1001 torch's offsets happen to coincide with the true ones (each dp rank's
    two TP pieces differ by at most one row, the first the larger) and its path works;
-   1003 is the nearest vocab where they do not. On a 7-row Colwise weight (FSDP over
-   TP, dp=3) torch's writer succeeds and consolidates a tensor of shape (8, 5) — a
-   wrong file, no error — while ours exports the 7 x 5 weight exactly.
+   1003 is the nearest vocab where they do not (both checked on a Colwise
+   ``Linear(5, 1001)``, written right by torch). On a 7-row Colwise weight torch's
+   writer succeeds and consolidates a tensor of shape (8, 5) — a wrong file, no
+   error — while ours exports the 7 x 5 weight exactly.
 
 One process launch; no downloads (``HF_HUB_OFFLINE=1``, everything built in code).
 """
@@ -163,16 +164,16 @@ def _torch_hf_path(sd: dict[str, Any], root: str) -> dict[str, Any]:
     return out
 
 
-def _seven_rows() -> Any:
+def _rows_weight(rows: int) -> Any:
     import torch
     from torch import nn
 
     torch.manual_seed(5)
-    return nn.Linear(5, 7, bias=False)
+    return nn.Linear(5, rows, bias=False)
 
 
-def _seven_rows_both_ways(root: str) -> None:
-    """FSDP2 over Colwise, 7 rows (issue 13's case): torch's HF writer, and ours."""
+def _rows_both_ways(root: str, rows: int) -> None:
+    """FSDP2 over a Colwise ``Linear(5, rows)``: torch's HF writer, and ours."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
     from torch.distributed.device_mesh import init_device_mesh
@@ -182,14 +183,14 @@ def _seven_rows_both_ways(root: str) -> None:
     from meshlayout.torch import checkpoint as mlcp
 
     mesh = init_device_mesh("cpu", (DP, TP), mesh_dim_names=("dp", "tp"))
-    lin = _seven_rows()
+    lin = _rows_weight(rows)
     parallelize_module(lin, mesh["tp"], ColwiseParallel())
     fully_shard(lin, mesh=mesh["dp"])
     writer = HuggingFaceStorageWriter(
-        os.path.join(root, "torch_hf_7"), save_distributed=True, enable_consolidation=True
+        os.path.join(root, f"torch_hf_{rows}"), save_distributed=True, enable_consolidation=True
     )
     dcp.save({"w": lin.weight}, storage_writer=writer)
-    mlcp.save({"w": lin.weight}, os.path.join(root, "ours_7"))
+    mlcp.save({"w": lin.weight}, os.path.join(root, f"ours_{rows}"))
 
 
 def _body(rank: int, world: int, hf_in: str, root: str) -> dict[str, Any]:
@@ -218,7 +219,8 @@ def _body(rank: int, world: int, hf_in: str, root: str) -> dict[str, Any]:
     trained = {k: v.full_tensor().detach().clone() for k, v in model.state_dict().items()}
     mlcp.save(model.state_dict(), os.path.join(root, "ours"))
     torch_path = _torch_hf_path(model.state_dict(), root)
-    _seven_rows_both_ways(root)
+    for rows in (7, 1001):
+        _rows_both_ways(root, rows)
     return {
         "bad": bad,
         "bytes": (stats.bytes_read, stats.bytes_needed, need),
@@ -287,9 +289,14 @@ def test_hf_round_trip_fsdp_over_tp(tmp_path: Path) -> None:
     assert not list((tmp_path / "torch_hf").glob("*.safetensors"))  # nothing consolidated
     detour = load_file(tmp_path / "torch_hf_detour" / "model-00001-of-00001.safetensors")
     assert all(torch.equal(detour[k], v) for k, v in trained.items())
-    # 7 rows: torch's writer consolidates a file with a wrong shape, without an error
-    seven = _seven_rows().weight.detach()
-    torch_seven = load_file(tmp_path / "torch_hf_7" / "model-00001-of-00001.safetensors")["w"]
-    assert tuple(torch_seven.shape) == (8, 5) != tuple(seven.shape)
-    export_safetensors(tmp_path / "ours_7", tmp_path / "ours_7_hf")
-    assert torch.equal(load_file(tmp_path / "ours_7_hf" / "model.safetensors")["w"], seven)
+    # Colwise Linear(5, rows): torch's writer silently writes a wrong shape for 7 rows
+    # and the right tensor for 1001 (its offsets happen to coincide there); ours both
+    for rows, torch_shape in ((7, (8, 5)), (1001, (1001, 5))):
+        weight = _rows_weight(rows).weight.detach()
+        name = "model-00001-of-00001.safetensors"
+        by_torch = load_file(tmp_path / f"torch_hf_{rows}" / name)["w"]
+        assert tuple(by_torch.shape) == torch_shape
+        assert (rows == 1001) == (by_torch.shape == weight.shape and torch.equal(by_torch, weight))
+        export_safetensors(tmp_path / f"ours_{rows}", tmp_path / f"ours_{rows}_hf")
+        ours = load_file(tmp_path / f"ours_{rows}_hf" / "model.safetensors")["w"]
+        assert torch.equal(ours, weight)
