@@ -36,7 +36,7 @@ typecheck: setup
 	$(VENV)/bin/mypy
 
 pytest: setup
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 --dist loadgroup -q
 
 test: lint typecheck pytest
 

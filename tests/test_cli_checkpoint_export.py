@@ -271,3 +271,28 @@ def test_parse_size(text: str, value: int) -> None:
 def test_parse_size_refuses(text: str) -> None:
     with pytest.raises(ArgError, match=r"^--size: "):
         parse_size(text)
+
+
+def test_hostile_values_never_traceback(
+    ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every hostile value on every export flag and path: exit 0 or one line, no traceback."""
+    from test_fuzz_cli import HOSTILE_VALUES
+
+    for i, bad in enumerate(HOSTILE_VALUES):
+        out_dir = tmp_path / f"o{i}"
+        cases = [
+            [flag, bad] for flag in ("--max-file-size", "--buffer", "--dtype", "--strip-prefix")
+        ]
+        for extra in cases:
+            code, out, err = run(["checkpoint", "export", ckpt, out_dir, *extra], capsys)
+            assert code in (0, 2), (extra, err)
+            if code == 2:
+                assert out == "" and len(err.strip().splitlines()) == 1, (extra, err)
+                assert ": error: " in err
+            else:
+                for f in out_dir.iterdir():
+                    f.unlink()
+        for argv in (["checkpoint", "export", bad, out_dir], ["checkpoint", bad]):
+            code, out, err = run(argv, capsys)
+            assert code == 2 and len(err.strip().splitlines()) == 1, (argv, err)

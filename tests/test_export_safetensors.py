@@ -382,3 +382,38 @@ def test_chunks_that_do_not_tile_are_refused_before_writing(
     )
     assert "holds (0, 3) torch.float32" in str(info.value)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.multiprocess
+def test_few_data_files_open_at_once(
+    sharded: tuple[Path, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint of thousands of ranks has thousands of files: at most ``limit`` stay open."""
+    from meshlayout.torch.checkpoint import _export
+
+    root, full = sharded
+    seen: list[int] = []
+
+    class Few(_export._Files):
+        def __init__(self) -> None:
+            super().__init__(limit=2)
+
+        def get(self, path: Path) -> Any:
+            f = super().get(path)
+            seen.append(len(self._open))
+            return f
+
+    monkeypatch.setattr(_export, "_Files", Few)
+    export_safetensors(root / "ours", tmp_path / "out", buffer_bytes=64)
+    assert max(seen) == 2 and len(seen) > 20
+    assert_bitwise(read_all(tmp_path / "out"), full)
+
+
+def test_a_huge_buffer_allocates_only_what_the_largest_tensor_needs(
+    plain: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    root, tensors = plain
+    export_safetensors(root, tmp_path / "out", buffer_bytes=2**62)
+    assert_bitwise(read_all(tmp_path / "out"), tensors)
+    with pytest.raises(ValueError, match="checkpoint_id is empty"):
+        export_safetensors("", tmp_path / "other")

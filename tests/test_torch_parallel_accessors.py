@@ -5,15 +5,17 @@ Two halves:
 * **Fake backend, large worlds, against torchtitan.** This file executed as a script
   (a subprocess, so no process-group state leaks into the test process) simulates
   ranks of worlds up to 512 on torch's ``fake`` backend, one rank at a time. For each
-  configuration and rank it builds our meshes *and* torchtitan's own (its vendored
-  ``ParallelDims.build_mesh``, see ``tests/vendor/``) and reports, per torchtitan
-  name and combination: None or not, and this rank's group along every dim — ours
-  from the real process groups (``get_process_group_ranks``), torchtitan's from its
-  ``DeviceMesh`` and coordinate. The test compares them, compares the names
-  torchtitan's vendored version lacks (``dp``, ``dp_shard``, ``hsdp``, ``ehsdp``,
-  ``include_singleton_axes``) and every refusal with the pure ``ParallelDims``, and
-  checks that ``build`` creates a communicator for exactly the groups of the views
-  that exist (none for ``efsdp`` when ``ep == 1``).
+  configuration and rank it builds our meshes *and* torchtitan's own (the installed
+  ``torchtitan==0.3.0``'s ``ParallelDims.build_mesh``, under its ``partial_dtensor``
+  backend for ``fsdp`` and its default ``spmd_types`` for ``dp`` and ``dp_shard``;
+  configurations with meshlayout's ``etp > 1``, which 0.3.0 lacks, only against the
+  pure side) and reports, per torchtitan name and combination: None or not, and this
+  rank's group along every dim — ours from the real process groups
+  (``get_process_group_ranks``), torchtitan's from its ``DeviceMesh`` and coordinate.
+  The test compares them, compares the names torchtitan has no mesh for (``hsdp``,
+  ``ehsdp``, ``etp``, reversed dims, ``include_singleton_axes``) and every refusal
+  with the pure ``ParallelDims``, and checks that ``build`` creates a communicator for
+  exactly the groups of the views that exist (none for ``efsdp`` when ``ep == 1``).
 * **gloo, 4 processes.** Size-1 dims that exist (``fsdp``, ``dp_shard``, ``efsdp``
   when ``ep > 1``) under FSDP2's ``fully_shard`` (with a mixed-precision policy, and
   HSDP over a (1, 1) mesh) train like a single process; dims that do not exist get
@@ -22,6 +24,7 @@ Two halves:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import subprocess
@@ -34,10 +37,10 @@ import pytest
 import torchtitan_configs
 from meshlayout import ParallelDims
 from meshlayout.torchtitan_names import ONE_DIMENSIONAL, TORCHTITAN_NAMES
-from torchtitan_configs import COMBOS, DEGREES, TITAN
+from torchtitan_configs import COMBOS, DEGREES, ETP_COMBOS, TITAN, TITAN_SPMD_TYPES
 
-#: Names and combinations only meshlayout has (newer torchtitan, or its own 2-D views).
-OURS_ONLY = (("dp",), ("dp_shard",), ("hsdp",), ("ehsdp",), ("tp", "ep"), ("fsdp", "dp_shard"))
+#: Names and combinations torchtitan 0.3.0 has no mesh for (meshlayout's own views).
+OURS_ONLY = (("hsdp",), ("ehsdp",), ("tp", "ep"), ("fsdp", "dp_shard"), *ETP_COMBOS)
 
 
 def configs() -> list[dict[str, int]]:
@@ -99,19 +102,26 @@ def _answers(cfg: dict[str, int], rank: int) -> dict[str, Any]:
 
     from meshlayout.torch import build
     from meshlayout.torch._groups import clear_cache, stats
-    from vendor.torchtitan_parallel_dims import ParallelDims as TitanDims
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=cfg["world_size"])
     try:
         clear_cache()
         meshes = build(_ours(cfg), "cpu", check=False)
         eager = sorted(list(key[0]) for key in stats().created_keys)
-        titan = TitanDims(**cfg)
-        titan.build_mesh()
         res: dict[str, Any] = {"eager": eager, "titan": {}, "ours": {}, "refusals": {}}
-        for names in [(n,) for n in TITAN] + list(COMBOS):
-            t = titan.get_optional_mesh(list(names))
-            res["titan"]["+".join(names)] = None if t is None else _torch_groups(t)
+        if cfg["etp"] == 1 and _HAVE_TORCHTITAN:
+            from torchtitan.distributed import ParallelDims as TitanDims
+
+            kw = {k: v for k, v in cfg.items() if k != "etp"}
+            for backend, names_ in (
+                ("partial_dtensor", [(n,) for n in TITAN] + list(COMBOS)),
+                ("spmd_types", [(n,) for n in TITAN_SPMD_TYPES]),
+            ):
+                titan = TitanDims(**kw, spmd_backend=backend)
+                titan.build_mesh()
+                for names in names_:
+                    t = titan.get_optional_mesh(list(names))
+                    res["titan"]["+".join(names)] = None if t is None else _torch_groups(t)
         requests = [(n,) for n in TORCHTITAN_NAMES] + list(COMBOS) + list(OURS_ONLY)
         for names in requests:
             for include in (False, True):
@@ -144,10 +154,15 @@ def _answers(cfg: dict[str, int], rank: int) -> dict[str, Any]:
         dist.destroy_process_group()
 
 
+_HAVE_TORCHTITAN = importlib.util.find_spec("torchtitan") is not None
+
+
 def _main() -> None:
+    import logging
     import warnings
 
     warnings.simplefilter("ignore")
+    logging.disable(logging.CRITICAL)  # torchtitan logs every build_mesh
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     json.dump([_answers(cfg, rank) for cfg, rank in json.load(sys.stdin)], sys.stdout)
 
@@ -182,13 +197,15 @@ def test_built_accessors_match_torchtitan_and_the_pure_side(
     cfg, rank = CASES[index]
     res = fake_world[index]
     pd = _ours(cfg)
+    if cfg["etp"] == 1 and _HAVE_TORCHTITAN:  # 0.3.0 has no etp
+        assert len(res["titan"]) == len(TITAN) + len(COMBOS) + len(TITAN_SPMD_TYPES)
     # torchtitan's own meshes: None-ness and this rank's members along every dim
     for key, theirs in res["titan"].items():
         ours = res["ours"][f"{key}|False"]
         assert (ours is None) == (theirs is None), (key, ours, theirs)
         if ours is not None:
             assert ours["groups"] == theirs, key
-    # every name (also those torchtitan's vendored version lacks) against the pure side
+    # every name (also those torchtitan 0.3.0 has no mesh for) against the pure side
     for key, ours in res["ours"].items():
         names, include = key.split("|")
         request = names.split("+")

@@ -1,164 +1,110 @@
-"""torchtitan's ParallelDims accessors on meshlayout's ParallelDims, against torchtitan's code.
+"""torchtitan's names on meshlayout's pure ParallelDims, against installed torchtitan 0.3.0.
 
-The reference is torchtitan's own ``parallel_dims.py`` (the last version with ``etp``,
-vendored in ``tests/vendor/`` with its BSD license), run in a subprocess (this file
-executed as a script) on torch's ``fake`` backend, one rank per configuration; the
-whole family of groups of each DeviceMesh comes from its layout. For every
-configuration and name the test compares: whether ``get_optional_mesh`` gives a
-mesh, its groups (members in order), ``get_mesh``'s refusals, the multi-dim meshes,
-``get_all_one_dimensional_meshes``, ``seq_len_divisor``, ``non_data_parallel_size``
-and the ``*_enabled`` flags.
+The reference is the released package (``torchtitan==0.3.0``, the ``torchtitan``
+extra): its own ``ParallelDims.build_mesh`` on torch's ``fake`` backend, for every
+configuration and SPMD backend of ``torchtitan_configs.titan_jobs()`` (run once per test
+process by the ``torchtitan_reference`` fixture, ``tests/torchtitan_reference.py``).
 
-Newer torchtitan changed three things that meshlayout follows; they are tested by
-hand below, citing the source: ``get_all_one_dimensional_meshes`` leaves out dims
-that do not exist (torchtitan #4068), ``dp_shard`` always exists and ``dp`` names
-``dp_replicate x dp_shard`` (its ``spmd_types`` backend, #4085), and
-``get_optional_mesh(..., include_singleton_axes=True)``.
+* ``pd.torchtitan(backend)`` (:class:`~meshlayout.torchtitan_names.TorchtitanMeshes`)
+  answers **exactly** as torchtitan: every request's mesh (dim names, shape, the whole
+  family of groups), None-ness and exception type, ``get_all_one_dimensional_meshes``,
+  ``get_activated_mesh``, ``resolve_mesh``, ``spmd_meshes``, ``spmd_dense_mesh``,
+  ``spmd_sparse_mesh``, ``get_dense_tp_mesh``; the sizes and flags of the pure
+  ``ParallelDims`` equal torchtitan's; the configurations torchtitan refuses are refused.
+* The lenient accessors on ``ParallelDims`` itself (every backend's names plus
+  meshlayout's own, any order of dims) give the same groups as torchtitan wherever
+  torchtitan gives a mesh, and the same None-ness for every torchtitan name.
+
+The rest of the file tests the lenient names by hand (meshlayout's extras: ``hsdp``,
+``ehsdp``, ``etp``, reversed dims).
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+import importlib.util
 from typing import Any
 
 import pytest
 
-import torchtitan_configs
 from meshlayout import ParallelDims
-from meshlayout.torchtitan_names import ONE_DIMENSIONAL, TORCHTITAN_NAMES
-from torchtitan_configs import COMBOS, DEGREES, TITAN
+from meshlayout.torchtitan_names import ONE_DIMENSIONAL, TORCHTITAN_NAMES, single_axis_names
+from torchtitan_configs import TITAN_DEGREES
+from torchtitan_reference import describe, pure_family
 
-FLAGS = (
-    "dp_enabled", "dp_replicate_enabled", "dp_shard_enabled", "cp_enabled", "dp_cp_enabled",
-    "fsdp_enabled", "tp_enabled", "pp_enabled", "ep_enabled", "etp_enabled",
-)  # fmt: skip
-
-
-def configs() -> list[dict[str, int]]:
-    return torchtitan_configs.configs(large=False)
+needs_torchtitan = pytest.mark.skipif(
+    importlib.util.find_spec("torchtitan") is None, reason="needs the `torchtitan` extra"
+)
+Reference = list[tuple[dict[str, Any], list[dict[str, Any]]]]
 
 
-CONFIGS = configs()
+def _pure(cfg: dict[str, int]) -> ParallelDims:
+    return ParallelDims(cfg["world_size"], **{d: cfg[d] for d in TITAN_DEGREES})
 
 
-# ---------------------------------------------------------------------- torchtitan side
-
-
-def _groups(mesh: Any) -> list[list[int]]:
-    family = mesh._layout.remap_to_tensor(mesh._rank_map)
-    return sorted(family.reshape(-1, mesh.size()).tolist())
-
-
-def _torchtitan_answers(cfg: dict[str, int]) -> dict[str, Any]:
-    """What torchtitan's ParallelDims says for one configuration (runs in the subprocess)."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from vendor.torchtitan_parallel_dims import ParallelDims as TitanDims
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=cfg["world_size"])
-    try:
-        pd = TitanDims(**cfg)
-        pd.build_mesh()
-        single: dict[str, Any] = {}
-        get_mesh_refuses: dict[str, bool] = {}
-        for name in TITAN:
-            mesh = pd.get_optional_mesh(name)
-            single[name] = None if mesh is None else _groups(mesh)
-            try:
-                pd.get_mesh(name)
-                get_mesh_refuses[name] = False
-            except ValueError:
-                get_mesh_refuses[name] = True
-        multi: dict[str, Any] = {}
-        for combo in COMBOS:
-            mesh = pd.get_optional_mesh(list(combo))
-            multi["+".join(combo)] = None if mesh is None else _groups(mesh)
-        return {
-            "single": single,
-            "get_mesh_refuses": get_mesh_refuses,
-            "multi": multi,
-            "one_d": list(pd.get_all_one_dimensional_meshes()),
-            "seq_len_divisor": pd.seq_len_divisor,
-            "non_data_parallel_size": pd.non_data_parallel_size,
-            "flags": {f: getattr(pd, f) for f in FLAGS},
-            "degrees": {d: getattr(pd, d) for d in DEGREES},
-        }
-    finally:
-        dist.destroy_process_group()
-
-
-def _main() -> None:
-    import warnings
-
-    warnings.simplefilter("ignore")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    json.dump([_torchtitan_answers(c) for c in json.load(sys.stdin)], sys.stdout)
-
-
-@pytest.fixture(scope="module")
-def torchtitan() -> list[dict[str, Any]]:
-    pytest.importorskip("torch")
-    proc = subprocess.run(
-        [sys.executable, __file__],
-        input=json.dumps(CONFIGS),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    answers: list[dict[str, Any]] = json.loads(proc.stdout)
-    return answers
-
-
-# ---------------------------------------------------------------------- the comparison
-
-
-def _ours(cfg: dict[str, int]) -> ParallelDims:
-    kwargs = {k: v for k, v in cfg.items() if k != "world_size"}
-    return ParallelDims(cfg["world_size"], **kwargs)
-
-
-def _rows(mesh: Any) -> list[list[int]] | None:
-    return None if mesh is None else sorted(mesh.group_table().tolist())
+def _described(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    (theirs,) = [r["titan"] for r in per_rank if "one_d" in r["titan"]]
+    return theirs
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("index", range(len(CONFIGS)))
-def test_same_answers_as_torchtitan(torchtitan: list[dict[str, Any]], index: int) -> None:
-    cfg, theirs = CONFIGS[index], torchtitan[index]
-    pd = _ours(cfg)
-    for name in TITAN:
-        assert _rows(pd.get_optional_mesh(name)) == theirs["single"][name], name
-        refuses = False
-        try:
-            pd.get_mesh(name)
-        except ValueError:
-            refuses = True
-        assert refuses == theirs["get_mesh_refuses"][name], name
-    for combo in COMBOS:
-        assert _rows(pd.get_optional_mesh(list(combo))) == theirs["multi"]["+".join(combo)], combo
-    # Newer torchtitan leaves out dims that do not exist (efsdp without EP), and meshlayout
-    # also lists dp_shard (its newer always-existing storage dim) when it is > 1.
-    want = [n for n in theirs["one_d"] if pd.mesh_exists(n)]
-    if pd.dp_shard > 1:
-        want.insert(want.index("fsdp") + 1, "dp_shard")
-    assert list(pd.get_all_one_dimensional_meshes()) == want
-    assert pd.seq_len_divisor == theirs["seq_len_divisor"]
-    assert pd.non_data_parallel_size == theirs["non_data_parallel_size"]
-    assert {f: getattr(pd, f) for f in FLAGS} == theirs["flags"]
-    assert {d: getattr(pd, d) for d in DEGREES} == theirs["degrees"]
+@pytest.mark.xdist_group("torchtitan_reference")
+@needs_torchtitan
+def test_strict_accessors_answer_like_torchtitan(torchtitan_reference: Reference) -> None:
+    compared = 0
+    for job, per_rank in torchtitan_reference:
+        cfg, backend = job["cfg"], job["backend"]
+        if "refused" in per_rank[0]["titan"]:
+            with pytest.raises(ValueError):
+                _pure(cfg)
+            continue
+        theirs = _described(per_rank)
+        pd = _pure(cfg)
+        ours = describe(pd.torchtitan(backend), pure_family)
+        for key, value in ours.items():
+            assert value == theirs[key], (backend, cfg, key, value, theirs[key])
+        assert {d: getattr(pd, d) for d in TITAN_DEGREES} == theirs["degrees"]
+        assert {f: getattr(pd, f) for f in theirs["flags"]} == theirs["flags"]
+        assert pd.seq_len_divisor == theirs["seq_len_divisor"]
+        assert pd.non_data_parallel_size == theirs["non_data_parallel_size"]
+        names = {k: list(m.names) for k, m in pd.torchtitan(backend).global_meshes().items()}
+        assert names == {"world": ["world"], **theirs["global_names"]}
+        compared += 1
+    assert compared == 3 * 80  # every valid configuration, every backend
 
 
-# ---------------------------------------------------------------------- newer torchtitan
+@pytest.mark.torch
+@pytest.mark.xdist_group("torchtitan_reference")
+@needs_torchtitan
+def test_lenient_accessors_give_torchtitans_groups(torchtitan_reference: Reference) -> None:
+    for job, per_rank in torchtitan_reference:
+        cfg, backend = job["cfg"], job["backend"]
+        if "refused" in per_rank[0]["titan"]:
+            continue
+        theirs = _described(per_rank)
+        pd = _pure(cfg)
+        for key, value in theirs.items():
+            kind, _, request = key.partition("|")
+            if kind not in ("optional", "singleton", "get") or not isinstance(value, dict):
+                continue
+            names = request.split("+")
+            include = kind == "singleton"
+            mesh = (
+                pd.get_mesh(names)
+                if kind == "get"
+                else pd.get_optional_mesh(names, include_singleton_axes=include)
+            )
+            assert mesh is not None, (backend, cfg, key)
+            assert sorted(mesh.group_table().tolist()) == value["groups"], (backend, cfg, key)
+        for name in single_axis_names(backend):
+            assert (theirs[f"optional|{name}"] is None) == (pd.get_optional_mesh(name) is None)
+
+
+# ---------------------------------------------------------------------- 0.3.0's rules by hand
 
 
 def test_dp_shard_always_exists_and_dp_is_batch() -> None:
-    # torchtitan (spmd_types backend, #4085): `if name == "dp_shard" and self.spmd_backend ==
-    # "spmd_types": return True`; its "dp" axis is dp_replicate * dp_shard ("batch").
+    # torchtitan 0.3.0's _mesh_exist: `if name == "dp_shard" and self.spmd_backend in
+    # ("full_dtensor", "spmd_types"): return True`; its "dp" axis is dp_replicate * dp_shard.
     pd = ParallelDims(8, dp_replicate=2, dp_shard=1, tp=4)
     dp_shard = pd.get_optional_mesh("dp_shard")
     assert dp_shard is not None and dp_shard.size() == 1
@@ -169,7 +115,7 @@ def test_dp_shard_always_exists_and_dp_is_batch() -> None:
 
 
 def test_one_dimensional_meshes_leave_out_dims_that_do_not_exist() -> None:
-    # torchtitan #4068: "Axes that build_mesh created with the Fake backend are excluded";
+    # torchtitan 0.3.0: "Axes that build_mesh created with the Fake backend are excluded";
     # efsdp has size dp_shard*cp*tp but does not exist without EP.
     pd = ParallelDims(8, dp_shard=2, tp=4)
     assert pd.mesh("efsdp").size() == 8 and not pd.mesh_exists("efsdp")
@@ -246,5 +192,34 @@ def test_degrees_and_sizes() -> None:
     assert titan == pd
 
 
-if __name__ == "__main__":
-    _main()
+# ---------------------------------------------------------------------- the strict view by hand
+
+
+def test_strict_view_follows_torchs_slicing_rules() -> None:
+    titan = ParallelDims(16, dp_shard=2, cp=2, tp=4).torchtitan("spmd_types")
+    assert titan.get_mesh(["dp", "tp"]).names == ("dp", "tp")
+    with pytest.raises(KeyError, match="ascending order"):
+        titan.get_mesh(["tp", "cp"])  # out of rank order
+    # a size-1 dim does not count: (tp, pp) with pp=1 slices like (tp,)
+    mesh = titan.get_optional_mesh(["tp", "pp"], include_singleton_axes=True)
+    assert mesh is not None and mesh.shape == (4, 1)
+    with pytest.raises(RuntimeError, match="overlapping"):
+        titan.get_activated_mesh(["tp", "tp"])
+    with pytest.raises(ValueError, match=r"Invalid mesh name combinations \['pp', 'dp'\]"):
+        titan.get_optional_mesh(["pp", "dp"], include_singleton_axes=True)  # no global mesh
+    with pytest.raises(KeyError):
+        ParallelDims(8, tp=8).torchtitan("partial_dtensor").spmd_dense_mesh()
+
+
+def test_strict_view_refuses_what_torchtitan_lacks() -> None:
+    with pytest.raises(ValueError, match="no expert tensor parallelism"):
+        ParallelDims(8, tp=4, ep=2, etp=2).torchtitan()
+    with pytest.raises(ValueError, match=r"spmd_backend 'dtensor' is not one of"):
+        ParallelDims(8).torchtitan("dtensor")
+    titan = ParallelDims(8, dp_shard=2, tp=4).torchtitan("partial_dtensor")
+    with pytest.raises(ValueError, match="Invalid mesh dim: 'dp_shard'"):
+        titan.get_mesh("dp_shard")
+    with pytest.raises(ValueError, match="Invalid mesh dim: 'hsdp'"):
+        titan.get_mesh("hsdp")
+    pd = ParallelDims(8)
+    assert pd.torchtitan() is pd.torchtitan()  # cached per backend

@@ -165,7 +165,12 @@ def run(args: argparse.Namespace) -> int:
         from ..torch.checkpoint._st_describe import is_safetensors
     except ImportError as exc:
         raise ArgError(f"the checkpoint command needs torch: {exc}") from None
-    if is_safetensors(args.dir):
+    try:
+        safetensors = is_safetensors(args.dir)
+    except (OSError, ValueError) as exc:  # e.g. a name too long for the file system
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise ArgError(f"PATH {shown(args.dir)}: {one_line(reason)}") from None
+    if safetensors:
         return run_safetensors(args, args.dir)
     try:
         from ..torch.checkpoint._inspect import describe_checkpoint
@@ -173,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
         raise ArgError(f"the checkpoint command needs torch: {exc}") from None
     try:
         report = describe_checkpoint(args.dir, verify=args.verify)
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:
         raise ArgError(f"DIR {shown(args.dir)}: {one_line(str(exc))}") from None
     entry = _pick(report, args.tensor)
     if args.svg:

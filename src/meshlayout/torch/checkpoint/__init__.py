@@ -6,6 +6,12 @@ with true global offsets; loading fills each destination run box from exactly th
 saved chunks overlapping it, on any mesh, any number of processes, or into plain
 tensors on one process. The files are standard DCP. See ``docs/checkpoint.md``.
 
+:func:`export_safetensors` writes any checkpoint that tiles as Hugging Face
+safetensors in one process, streaming (DESIGN.md §9); :func:`describe_checkpoint`
+and :func:`describe_safetensors` report what a checkpoint or a safetensors model
+holds. Everything here that reads a checkpoint (but ``load``, which is DCP's reader)
+unpickles with an allow-list: safe on untrusted files.
+
 Usage (every rank)::
 
     from meshlayout.torch import checkpoint as mlcp

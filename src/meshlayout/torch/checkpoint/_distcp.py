@@ -8,7 +8,7 @@ an uncompressed zip whose ``<prefix>/data.pkl`` describes the tensor and whose
 reads only the archive's directory and ``data.pkl`` (with the restricted unpickler of
 :mod:`._safe_pickle`) and returns a :class:`StoredTensor`: dtype, shape, strides and
 the absolute file offset of the element bytes, which the exporter then reads with
-``os.pread`` slab by slab, so no item is ever loaded whole.
+positioned reads slab by slab, so no item is ever loaded whole.
 """
 
 from __future__ import annotations
@@ -27,6 +27,14 @@ from ._safe_pickle import tensor_record
 __all__ = ["StoredTensor", "locate", "safe_relative"]
 
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")  # zip local file header (30 bytes)
+
+
+def _pread(fd: int, n: int, offset: int) -> bytes:
+    """``os.pread`` where it exists (POSIX), else seek + read (Windows)."""
+    if hasattr(os, "pread"):
+        return os.pread(fd, n, offset)
+    os.lseek(fd, offset, os.SEEK_SET)
+    return os.read(fd, n)
 
 
 class _Window(io.RawIOBase):
@@ -52,7 +60,7 @@ class _Window(io.RawIOBase):
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
         n = max(0, min(len(buffer), self._length - self._pos))
-        data = os.pread(self._fd, n, self._start + self._pos) if n else b""
+        data = _pread(self._fd, n, self._start + self._pos) if n else b""
         buffer[: len(data)] = data
         self._pos += len(data)
         return len(data)
@@ -116,7 +124,7 @@ def locate(fd: int, offset: int, length: int, where: str) -> StoredTensor:
     anything but an uncompressed, little-endian archive of one plain tensor whose
     elements lie inside its storage record.
     """
-    head = os.pread(fd, 4, offset)
+    head = _pread(fd, 4, offset)
     if head != b"PK\x03\x04":
         raise ValueError(
             f"{where}: not a torch.save archive (DCP's default TORCH_SAVE serialization is "
@@ -144,7 +152,7 @@ def locate(fd: int, offset: int, length: int, where: str) -> StoredTensor:
         raise ValueError(f"{where}: unreadable tensor item ({type(exc).__name__}: {exc})") from None
     if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
         raise ValueError(f"{where}: compressed storage record (torch.save never compresses)")
-    local = _LOCAL_HEADER.unpack(os.pread(fd, _LOCAL_HEADER.size, offset + info.header_offset))
+    local = _LOCAL_HEADER.unpack(_pread(fd, _LOCAL_HEADER.size, offset + info.header_offset))
     if local[0] != b"PK\x03\x04":
         raise ValueError(f"{where}: corrupt zip local header")
     start = info.header_offset + _LOCAL_HEADER.size + local[9] + local[10]

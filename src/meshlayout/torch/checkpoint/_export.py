@@ -29,6 +29,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,8 +108,10 @@ def _positive(value: Any, what: str, minimum: int = 1) -> int:
 
 
 def _path(value: Any, what: str) -> Path:
-    if not isinstance(value, (str, os.PathLike)) or not str(value):
-        raise TypeError(f"{what} must be a non-empty str or os.PathLike, got {value!r}")
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a str or os.PathLike, got {value!r}")
+    if not str(value):
+        raise ValueError(f"{what} is empty; give a directory")
     return Path(value)
 
 
@@ -161,15 +164,21 @@ def _out_dtype(stored: torch.dtype, dtype: torch.dtype | None) -> torch.dtype:
 
 
 class _Files:
-    """Open checkpoint data files, by path (read-only, unbuffered)."""
+    """Open checkpoint data files by path (read-only, unbuffered), at most ``limit`` at
+    once: a checkpoint of thousands of ranks has thousands of files, more than the
+    usual open-file limit. Each file is used right after :meth:`get`."""
 
-    def __init__(self) -> None:
-        self._open: dict[Path, Any] = {}
+    def __init__(self, limit: int = 64) -> None:
+        self._open: OrderedDict[Path, Any] = OrderedDict()
+        self._limit = limit
 
     def get(self, path: Path) -> Any:
         f = self._open.get(path)
         if f is None:
+            if len(self._open) >= self._limit:
+                self._open.popitem(last=False)[1].close()
             f = self._open[path] = open(path, "rb", buffering=0)
+        self._open.move_to_end(path)
         return f
 
     def close(self) -> None:
@@ -491,8 +500,16 @@ def _write(
     tick, close = _progress(progress, total)
     tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=dest))
     try:
-        inbuf = torch.empty(buffer_bytes // 2, dtype=torch.uint8)
-        outbuf = torch.empty(buffer_bytes - buffer_bytes // 2, dtype=torch.uint8)
+        # never more than the largest tensor needs: a huge buffer_bytes allocates nothing more
+        need_in = max(
+            (t.nbytes // _itemsize(t.out_dtype) * _itemsize(t.dtype) for g in groups for t in g),
+            default=0,
+        )
+        need_out = max((t.nbytes for g in groups for t in g), default=0)
+        inbuf = torch.empty(max(16, min(buffer_bytes // 2, need_in)), dtype=torch.uint8)
+        outbuf = torch.empty(
+            max(16, min(buffer_bytes - buffer_bytes // 2, need_out)), dtype=torch.uint8
+        )
         weight_map: dict[str, str] = {}
         for name, group in zip(names, groups):
             entries, pos = {}, 0
