@@ -10,8 +10,8 @@ The safetensors format is small and documented (:mod:`._st_format` parses the he
 an 8-byte little-endian header length ``N``, ``N`` bytes of JSON ``{name: {"dtype",
 "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}``, then the raw
 little-endian, row-major data (offsets relative to the end of the header). So the
-bytes of a box are found by arithmetic and read with ``os.preadv`` straight into a
-buffer, and every byte read is counted (:class:`LoadStats`).
+bytes of a box are found by arithmetic and read with ``os.preadv`` (seek and
+``readinto`` where it is missing) straight into a buffer, and every byte read is counted (:class:`LoadStats`).
 
 Which bytes are read: a box is cut into slabs of at most ``_SLAB_BYTES`` (64 MiB:
 bounded memory); a slab's elements lie in ``count`` contiguous byte ranges of equal
@@ -39,6 +39,7 @@ tp=2 has 4 KiB gaps), and its share plus under 4 KiB per range otherwise.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import math
@@ -65,6 +66,9 @@ __all__ = ["LoadStats", "SafetensorsEntry", "load_safetensors", "read_safetensor
 _PAGE_BYTES = 4096
 #: Largest buffer read at once for one box (a box is read in slabs of at most this).
 _SLAB_BYTES = 64 * 2**20
+
+#: Positioned reads into a buffer (``os.preadv``), where the platform has them.
+_PREADV = getattr(os, "preadv", None)
 
 Rename = Mapping[str, str] | Callable[[str], str] | None
 
@@ -206,31 +210,35 @@ class _Reader:
     """Reads boxes of stored tensors into destinations, counting bytes and read calls."""
 
     def __init__(self) -> None:
-        self._fds: dict[Path, int] = {}
+        self._files: dict[Path, io.FileIO] = {}
         self.bytes_read = 0
         self.reads = 0
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
 
     @property
     def files(self) -> int:
-        return len(self._fds)
+        return len(self._files)
 
-    def _fd(self, file: Path) -> int:
-        fd = self._fds.get(file)
-        if fd is None:
-            fd = self._fds[file] = os.open(file, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        return fd
+    def _file(self, file: Path) -> io.FileIO:
+        f = self._files.get(file)
+        if f is None:
+            f = self._files[file] = io.FileIO(file, "r")
+        return f
 
-    def _pread(self, fd: int, view: memoryview, offset: int) -> None:
+    def _pread(self, f: io.FileIO, view: memoryview, offset: int) -> None:
         done = 0
         while done < len(view):  # short reads are legal; loop until filled
-            got = os.preadv(fd, [view[done:]], offset + done)
+            if _PREADV is not None:
+                got = _PREADV(f.fileno(), [view[done:]], offset + done)
+            else:  # no positioned read here (Windows): seek, then read
+                f.seek(offset + done)
+                got = f.readinto(view[done:]) or 0
             if got <= 0:
-                raise ValueError(f"unexpected end of file at byte {offset + done}")
+                raise ValueError(f"{f.name}: unexpected end of file at byte {offset + done}")
             done += got
         self.bytes_read += len(view)
         self.reads += 1
@@ -262,7 +270,7 @@ class _Reader:
         length = (sizes[k] * strides[k]) if shape else item
         count = math.prod(sizes[:k]) if shape else 1
         span = sum((b - 1 - a) * s for (a, b), s in zip(box, strides)) + item
-        fd = self._fd(entry.file)
+        f = self._file(entry.file)
         direct = dest.dtype == dtype and dest.is_contiguous() and dest.device.type == "cpu"
         contiguous = span == count * length
         offsets: list[int] = []
@@ -271,7 +279,7 @@ class _Reader:
             gap = max(b - a for a, b in itertools.pairwise(offsets)) - length
             if gap < _PAGE_BYTES:  # no page lies wholly in a gap: read the span through
                 buf = torch.empty(span, dtype=torch.uint8)
-                self._pread(fd, _bytes(buf), first)
+                self._pread(f, _bytes(buf), first)
                 elem = [s // item for s in strides]
                 dest.copy_(buf.view(dtype).as_strided(sizes, elem))
                 return
@@ -279,11 +287,11 @@ class _Reader:
         target = dest if direct else torch.empty(sizes, dtype=dtype)
         view = _bytes(target)
         if contiguous:
-            self._pread(fd, view, first)
+            self._pread(f, view, first)
         else:
             pread = self._pread
             for j, offset in enumerate(offsets):
-                pread(fd, view[j * length : (j + 1) * length], offset)
+                pread(f, view[j * length : (j + 1) * length], offset)
         if not direct:
             dest.copy_(target)
 
