@@ -92,6 +92,11 @@ def test_rename_and_cast(tmp_path: Path) -> None:
     dest = {"w": torch.zeros(4, 6, dtype=torch.bfloat16)}
     load_safetensors(dest, tmp_path / "m.safetensors", rename=lambda n: "model." + n, cast=True)
     assert torch.equal(dest["w"], w.to(torch.bfloat16))
+    # tied weights: both names of one tensor, the file holds one of them
+    tied = torch.zeros(4, 6)
+    dest = {"model.w": tied, "head.w": tied, "step": 3}
+    load_safetensors(dest, tmp_path / "m.safetensors", rename={"head.w": "model.w"})
+    assert torch.equal(tied, w) and dest["step"] == 3
 
 
 def test_errors_name_the_tensor(tmp_path: Path) -> None:
