@@ -18,6 +18,9 @@ rank, between barriers):
 * ``get_slice``: safetensors' ``safe_open(...).get_slice`` with the rank's box
   (mmap: touches the pages of the box; no byte count available).
 
+Floor: one process reading the whole file sequentially, cold (the disk's speed) and
+warm (the page cache's copy speed): the ranks together must move the whole file.
+
 Each method runs warm (file in the page cache) and cold (every rank drops the file's
 pages with ``posix_fadvise(DONTNEED)`` before the timed load, so the data comes from
 the disk). Every method's result is checked equal to ``ours``.
@@ -206,6 +209,28 @@ def _body(rank: int, world: int, path: str, repeats: int) -> dict[str, Any]:
     return out
 
 
+def _floors(path: Path, repeats: int) -> dict[str, float]:
+    """One process reading the whole file sequentially (64 MiB reads into one buffer):
+    cold (pages dropped first, the disk's sequential speed) and warm (the page cache's
+    copy speed). Every method must move the whole file off the disk (cold) or through
+    memory (warm), split over the ranks."""
+    import torch
+
+    buf = torch.empty(64 * 2**20, dtype=torch.uint8)
+    view = buf.numpy().data.cast("B")
+    times: dict[str, list[float]] = {"cold": [], "warm": []}
+    for _ in range(repeats):
+        for mode in ("cold", "warm"):
+            if mode == "cold":
+                _drop_cache(str(path))
+            t0 = time.perf_counter()
+            with open(path, "rb", buffering=0) as f:
+                while f.readinto(view):
+                    pass
+            times[mode].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def main() -> None:
     from multiproc import run_multiproc
 
@@ -218,6 +243,12 @@ def main() -> None:
         path = Path(root) / "model.safetensors"
         total = _write_file(path)
         print(f"file: {total / 2**30:.2f} GiB, {TENSORS} x float32 [{ROWS}, {COLS}], in {root}")
+        floors = _floors(path, repeats)
+        print(
+            "floor, one process reading the whole file sequentially: "
+            f"cold {floors['cold']:.3f} s ({total / floors['cold'] / 2**20:.0f} MiB/s), "
+            f"warm {floors['warm']:.3f} s ({total / floors['warm'] / 2**20:.0f} MiB/s)"
+        )
         out = run_multiproc(
             _body, 4, str(path), repeats, timeout=3600, start_method="spawn", pg_timeout=600
         )
