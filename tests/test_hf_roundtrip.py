@@ -5,7 +5,8 @@ A tiny Llama built in code, with uneven sizes: vocab 1003 (vocab-parallel embedd
 intermediate 200 (Colwise MLP weights: 100 rows per TP rank, 34/34/32 over dp); every
 TP weight is ``_StridedShard`` under FSDP2. It goes through:
 
-1. ``save_pretrained`` (transformers writes ``model.safetensors``);
+1. ``save_pretrained`` (transformers writes ``model-0000i-of-0000n.safetensors`` and
+   the index, ``max_shard_size`` 600 KB);
 2. ``load_safetensors`` into the zeroed FSDP2-over-TP model on 6 processes: every
    rank's piece equals the brute-force ``ShardingSpec.shard`` of the file's tensor,
    and each rank reads exactly its share of bytes plus small gaps;
@@ -203,7 +204,9 @@ def _body(rank: int, world: int, hf_in: str, root: str) -> dict[str, Any]:
     model = _parallel_llama()
     sd = model.state_dict()
     stats = mlcp.load_safetensors(sd, hf_in)
-    full = load_file(os.path.join(hf_in, "model.safetensors"))  # the reference values
+    full: dict[str, Any] = {}  # the reference values, every file read whole
+    for f in sorted(Path(hf_in).glob("*.safetensors")):
+        full |= load_file(f)
     bad, need, placements = [], 0, {}
     for name, value in sd.items():
         assert isinstance(value, DTensor), name
@@ -242,8 +245,9 @@ def test_hf_round_trip_fsdp_over_tp(tmp_path: Path) -> None:
     torch.manual_seed(0)
     source = LlamaForCausalLM(_config())
     hf_in = tmp_path / "hf_in"
-    source.save_pretrained(hf_in)  # safetensors, one file
-    assert (hf_in / "model.safetensors").is_file()
+    source.save_pretrained(hf_in, max_shard_size="600KB")  # several files + index
+    assert (hf_in / "model.safetensors.index.json").is_file()
+    assert len(list(hf_in.glob("model-*.safetensors"))) >= 2
 
     replica = LlamaForCausalLM.from_pretrained(hf_in)  # the single-process replica
     _train_step(replica)
