@@ -40,6 +40,12 @@ from ._export import ExportResult, NotExportableError, export_safetensors
 from ._inspect import describe_checkpoint, read_metadata
 from ._plan import Chunk, ChunkIndex, Read, Tiling, replica_dims, tiling, written_boxes
 from ._planners import ExactLoadPlanner, ExactSavePlanner, dtensor_spec
+from ._safetensors_load import (
+    LoadStats,
+    SafetensorsEntry,
+    load_safetensors,
+    read_safetensors_index,
+)
 from ._st_describe import describe_safetensors
 
 __all__ = [
@@ -48,15 +54,19 @@ __all__ = [
     "ExactLoadPlanner",
     "ExactSavePlanner",
     "ExportResult",
+    "LoadStats",
     "NotExportableError",
     "Read",
+    "SafetensorsEntry",
     "Tiling",
     "describe_checkpoint",
     "describe_safetensors",
     "dtensor_spec",
     "export_safetensors",
     "load",
+    "load_safetensors",
     "read_metadata",
+    "read_safetensors_index",
     "replica_dims",
     "save",
     "tiling",
