@@ -55,7 +55,9 @@ bench: setup
 	$(PY) benchmarks/bench_transfer_plan.py
 	$(PY) benchmarks/bench_transfer.py
 	$(PY) benchmarks/bench_checkpoint.py
+	$(PY) benchmarks/bench_export.py
 	$(PY) benchmarks/bench_load.py
+	$(PY) benchmarks/bench_torchtitan.py
 
 $(LATEST_STAMP): pyproject.toml
 	test -x $(LATEST_PY) || $(LATEST_PYTHON) -m venv $(LATEST_VENV)
