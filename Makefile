@@ -64,7 +64,7 @@ $(LATEST_STAMP): pyproject.toml
 	echo '*' > $(LATEST_VENV)/.gitignore
 	$(LATEST_PY) -m pip install --quiet --upgrade pip
 	$(LATEST_PY) -m pip install --quiet "$(TORCH_LATEST)"
-	$(LATEST_PY) -m pip install --quiet -e ".[dev,torch]" "$(TORCH_LATEST)"
+	$(LATEST_PY) -m pip install --quiet -e ".[dev,torch,torchtitan,transformers]" "$(TORCH_LATEST)"
 	touch $(LATEST_STAMP)
 
 test-torch-latest: $(LATEST_STAMP)
