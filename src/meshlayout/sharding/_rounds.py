@@ -26,6 +26,7 @@ _I64 = np.int64
 
 
 def max_per_rank(keys: Any, values: Any) -> tuple[int, int | None]:
+    """The largest per-key sum of ``values`` and its key (the busiest rank); (0, None) if empty."""
     if not len(keys):
         return 0, None
     uniq, inverse = np.unique(keys, return_inverse=True)
