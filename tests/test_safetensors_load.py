@@ -140,7 +140,9 @@ def test_malformed_files(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"'w' data_offsets \[0, 8\] do not hold"):
         load_safetensors(dest, _raw_file(tmp_path / "c.safetensors", beyond, b"\0" * 4))
     (tmp_path / "d.safetensors").write_bytes(struct.pack("<Q", 10**12))
-    with pytest.raises(ValueError, match=r"header length .* does not fit"):
+    with pytest.raises(
+        ValueError, match=r"not a safetensors file \(header length 10+, file size 8\)"
+    ):
         load_safetensors(dest, tmp_path / "d.safetensors")
     (tmp_path / "e.safetensors").write_bytes(struct.pack("<Q", 3) + b"{x}")
     with pytest.raises(ValueError, match="header is not JSON"):
