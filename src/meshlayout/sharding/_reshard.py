@@ -239,8 +239,8 @@ class ReshardPlan:
             cross = (c["src"][~local] // rph) != (c["dst"][~local] // rph)
             across = int(sent[cross].sum())
         ag_total, ag_max = _allgather_cost(self.src_spec, self.src_ranks, self.dst_ranks)
-        max_send, send_rank = _max_per_rank(c["src"][~local], sent)
-        max_recv, recv_rank = _max_per_rank(c["dst"][~local], sent)
+        max_send, send_rank = max_per_rank(c["src"][~local], sent)
+        max_recv, recv_rank = max_per_rank(c["dst"][~local], sent)
         return {
             "numel": int(np.prod(self.src_spec.global_shape, dtype=_I64)),
             "src_ranks": len(self.src_ranks),
@@ -263,7 +263,7 @@ class ReshardPlan:
         }
 
 
-def _max_per_rank(ranks: Any, numel: Any) -> tuple[int, int | None]:
+def max_per_rank(ranks: Any, numel: Any) -> tuple[int, int | None]:
     """(largest per-rank total, the lowest rank with it); (0, None) when empty."""
     if not len(ranks):
         return 0, None

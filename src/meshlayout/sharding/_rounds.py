@@ -19,21 +19,11 @@ from typing import Any
 import numpy as np
 
 from ._boxes import Box
+from ._reshard import max_per_rank
 
-__all__ = ["layout_rounds", "max_per_rank", "pack_rounds", "slabs"]
+__all__ = ["layout_rounds", "pack_rounds", "slabs"]
 
 _I64 = np.int64
-
-
-def max_per_rank(keys: Any, values: Any) -> tuple[int, int | None]:
-    """The largest per-key sum of ``values`` and its key (the busiest rank); (0, None) if empty."""
-    if not len(keys):
-        return 0, None
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    totals = np.zeros(len(uniq), dtype=_I64)
-    np.add.at(totals, inverse, values)
-    i = int(np.argmax(totals))
-    return int(totals[i]), int(uniq[i])
 
 
 def slabs(box: Box, itemsize: int, max_bytes: int) -> list[Box]:

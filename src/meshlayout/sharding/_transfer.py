@@ -53,8 +53,8 @@ import numpy as np
 
 from ._boxes import Box, piece_table
 from ._placements import Partial
-from ._reshard import _allgather_cost, _covered, reshard_plan
-from ._rounds import layout_rounds, max_per_rank, pack_rounds, slabs
+from ._reshard import _allgather_cost, _covered, max_per_rank, reshard_plan
+from ._rounds import layout_rounds, pack_rounds, slabs
 from ._spec import ShardingSpec
 
 __all__ = ["Slot", "TensorTransfer", "TransferPlan", "TransferRound", "slabs", "transfer_plan"]
