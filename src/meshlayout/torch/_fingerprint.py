@@ -46,9 +46,10 @@ What it catches. ``F`` is linear in the limbs with odd weights:
   values differ in their low mantissa bits). The weak case is deltas in the top
   bits of a limb only, e.g. two values that differ only in their sign bit and sit at
   the top of their limbs, swapped: ``2^63 * (w_q - w_p) = 0`` as odd weights differ
-  by an even number. Such corruptions go unnoticed; a 16-byte-per-element widening
-  before the products would remove that case at 2-3x the cost (measured in
-  ``benchmarks/bench_fingerprint.py``).
+  by an even number. Such corruptions go unnoticed. Widening 4-byte limbs to int64
+  before the products (32 bits of headroom: that swap then cancels with probability
+  about 2^-32) costs 3.7x a copy instead of 1x on the destination side
+  (``benchmarks/bench_fingerprint.py``), so it is not done.
 
 >>> import torch
 >>> t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
