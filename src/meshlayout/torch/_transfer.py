@@ -29,10 +29,11 @@ runs reuse the plan, schedule and buffers: nothing is planned or allocated again
 (except the results when ``out`` is not given).
 
 ``verify=True`` adds one small all-reduce (12 int64 per tensor): per tensor, an
-order-independent, position-aware fingerprint (the sum over elements of
-``((i * C) xor bits)**2`` mod 2^64, ``i`` the global flat index, ``bits`` the value's
-bits in the destination dtype) of (a) the source elements, each counted once (the
-lowest holder of each piece), (b) every source holder's piece and (c) every
+order-independent, position-aware fingerprint (:mod:`meshlayout.torch._fingerprint`:
+the sum mod 2^64 of every 8-byte limb of each row, in the destination dtype, times
+odd pseudo-random weights of its global row and limb; one ``torch.mv`` per box,
+about the cost of copying the data) of (a) the source elements, each counted once
+(the lowest holder of each piece), (b) every source holder's piece and (c) every
 destination piece; (b) must equal the holders per piece times (a) (else source
 replicas disagree) and (c) the destination holders per piece times (a) (else a
 destination element is wrong). See ``docs/transfer.md``.
@@ -51,7 +52,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import math
 import pickle
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -63,19 +63,18 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..sharding import ShardingSpec, TransferPlan, local_slices, pieces, run_boxes, slabs
+from ..sharding import ShardingSpec, TransferPlan, local_slices, pieces, run_boxes
 from ..sharding import transfer_plan as _transfer_plan
 from . import _c10d
 from ._collectives import Bounded, all_reduce, all_to_all
 from ._errors import MeshMismatchError, RankTimeoutError, TransferVerificationError, format_ranks
+from ._fingerprint import MASK64, Fingerprinter
 from ._groups import get_group
 from ._store import as_timedelta, gather_arrivals
 
 __all__ = ["WeightTransfer", "transfer"]
 
 Slices = tuple[slice, ...]
-_MASK64 = (1 << 64) - 1
-_HASH_CHUNK = 1 << 20  # elements hashed at a time (bounds the fingerprint's temporaries)
 _CAST_CHUNK = 1 << 22  # bytes cast at a time when a packed piece is not aligned
 
 
@@ -372,64 +371,12 @@ def _merge(union: tuple[int, ...], posts: dict[int, _Meta]) -> tuple[Any, ...]:
 
 
 # ---------------------------------------------------------------------- fingerprints
-_C1 = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64
-_C2 = -4658895280553007687  # 0xBF58476D1CE4E5B9
-_C3 = -7723592293110705685  # 0x94D049BB133111EB
-
-
-def _value_bits(values: torch.Tensor) -> torch.Tensor:
-    """The bits of each element as int64 (flat), for any dtype of 1-16 bytes."""
-    flat = values.contiguous().reshape(-1)
-    size = flat.element_size()
-    if flat.dtype == torch.bool:
-        return flat.to(torch.int64)
-    if size in (1, 2, 4, 8):
-        kind = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
-        return flat.view(kind).to(torch.int64, copy=True)  # a new tensor: hashed in place
-    pairs = flat.view(torch.int64).reshape(len(flat), -1)
-    out = pairs[:, 0].clone()
-    for j in range(1, pairs.shape[1]):
-        out = out * _C3 + pairs[:, j]
-    return out
-
-
-def _signed(value: int) -> int:
-    """``value`` mod 2^64 as a signed 64-bit int (torch's int64 wraps the same way)."""
-    value &= _MASK64
-    return value - (1 << 64) if value >> 63 else value
-
-
-def _fingerprint(
-    region: torch.Tensor, box: tuple[tuple[int, int], ...], shape: tuple[int, ...], dtype: Any
-) -> int:
-    """Sum over the elements of ``region`` (global ``box`` of a tensor of ``shape``) of
-    ``((i * C1) xor bits)**2`` mod 2^64, ``i`` the global flat index and ``bits`` the
-    value's bits in ``dtype``: order-independent, position-aware (moving a value to
-    another index changes its term; the square makes terms non-linear, so two
-    exchanged values do not cancel). In chunks of bounded size, in place."""
-    strides = [_signed(math.prod(shape[d + 1 :]) * _C1) for d in range(len(shape))]
-    total = 0
-    for sub in slabs(box, 1, _HASH_CHUNK) if math.prod(b - a for a, b in box) else []:
-        rel = tuple(slice(a - b0, c - b0) for (a, c), (b0, _) in zip(sub, box))
-        bits = _value_bits(region[rel].to(dtype))
-        x = torch.zeros((), dtype=torch.int64)
-        for d, (a, c) in enumerate(sub):  # i * C1 (mod 2^64), broadcast over the box
-            view = [1] * len(sub)
-            view[d] = c - a
-            x = x + (torch.arange(a, c, dtype=torch.int64) * strides[d]).view(view)
-        x = x.reshape(-1).expand(len(bits)) if x.numel() == 1 else x.reshape(-1)
-        bits.bitwise_xor_(x)
-        bits.mul_(bits)
-        total += int(bits.sum())
-    return total & _MASK64
-
-
 def _limbs(value: int) -> list[int]:
     return [(value >> (16 * k)) & 0xFFFF for k in range(4)]
 
 
 def _unlimb(limbs: list[int]) -> int:
-    return sum(v << (16 * k) for k, v in enumerate(limbs)) & _MASK64
+    return sum(v << (16 * k) for k, v in enumerate(limbs)) & MASK64
 
 
 # ---------------------------------------------------------------------- the executor
@@ -531,6 +478,7 @@ class WeightTransfer:
         group = get_group(self.members, timeout=self.timeout, group_desc="meshlayout_transfer")
         self._bounded = Bounded(group, self.members, self.timeout, "WeightTransfer")
         self._verify_info: dict[str, tuple[bool, int, int]] | None = None
+        self._fingerprinter = Fingerprinter()
 
     # ------------------------------------------------------------------ schedule
     def _schedule(self) -> tuple[_Round, ...]:
@@ -693,22 +641,23 @@ class WeightTransfer:
         names = self.plan.names
         sums = torch.zeros((len(names), 3, 4), dtype=torch.int64)
         me = self.rank
+        fp = self._fingerprinter
         for t, name in enumerate(names):
             shape = self.src_specs[name].global_shape
             dtype = self.dst_dtypes[name]
             if name in srcs and me in self.src_specs[name].mesh:
                 h = 0
                 for rb in run_boxes(self.src_specs[name], me):
-                    h += _fingerprint(srcs[name][rb.local_slices()], rb.box, shape, dtype)
-                h &= _MASK64
+                    h += fp.box(srcs[name][rb.local_slices()], rb.box, shape, dtype)
+                h &= MASK64
                 sums[t, 1] = torch.tensor(_limbs(h))
                 if info[name][0]:
                     sums[t, 0] = torch.tensor(_limbs(h))
             if name in outs:
                 h = 0
                 for rb in run_boxes(self.dst_specs[name], me):
-                    h += _fingerprint(outs[name][rb.local_slices()], rb.box, shape, dtype)
-                sums[t, 2] = torch.tensor(_limbs(h & _MASK64))
+                    h += fp.box(outs[name][rb.local_slices()], rb.box, shape, dtype)
+                sums[t, 2] = torch.tensor(_limbs(h & MASK64))
         reduced = sums.to(self.device)
         all_reduce(self._bounded, reduced, dist.ReduceOp.SUM)
         totals = reduced.cpu().tolist()
@@ -716,9 +665,9 @@ class WeightTransfer:
         for t, name in enumerate(names):
             a, b, c = (_unlimb(totals[t][k]) for k in range(3))
             _, h_src, h_dst = info[name]
-            if b != (h_src * a) & _MASK64:
+            if b != (h_src * a) & MASK64:
                 replicas.append(name)
-            if c != (h_dst * a) & _MASK64:
+            if c != (h_dst * a) & MASK64:
                 wrong.append(name)
         if wrong or replicas:
             parts = []
