@@ -2,7 +2,9 @@
 checkpoints (DESIGN §10, issue 20 items 4 and 5).
 
 Two process launches (``tests/titan_harness.py`` documents the CPU shims, the tiny
-llama3 debug model, the generated data set and tokenizer):
+llama3 debug model, the generated data set and tokenizer), under torchtitan's
+``partial_dtensor`` SPMD backend, plus a third on torch >= 2.14 under its default
+``spmd_types`` backend:
 
 * 4 processes, FSDP 2 x TP 2: the job trained with torchtitan's ``ParallelDims`` and
   with ``meshlayout.torch.torchtitan.ParallelDims`` has the same loss at every step
@@ -17,6 +19,10 @@ llama3 debug model, the generated data set and tokenizer):
   load the exact manager's (complete, standard DCP) checkpoint into this layout
   (it reads a row past one rank's piece); the exact manager saves the state and the
   job resumes with the uninterrupted losses, on the same layout and on FSDP 6.
+
+* 4 processes, FSDP 2 x TP 2 under ``spmd_types`` (torch >= 2.14, whose
+  ``fully_shard`` takes ``spmd_types`` parameters; torch 2.13's refuses them):
+  torchtitan's ``ParallelDims`` and the drop-in have the same loss at every step.
 
 The uninterrupted run is the reference: a resumed run that loaded anything but the
 saved model, optimizer, LR-scheduler and step state would leave its losses.
@@ -34,6 +40,7 @@ pytest.importorskip("torchtitan")
 
 import titan_harness
 from multiproc import run_multiproc
+from torch_versions import TORCH
 
 pytestmark = [pytest.mark.torch]
 
@@ -44,6 +51,16 @@ STOCK_PD = "torchtitan.distributed.parallel_dims.ParallelDims"
 DROP_IN_PD = "meshlayout.torch.torchtitan._parallel_dims.ParallelDims"
 EXACT = "meshlayout.torch.torchtitan._checkpoint.ExactCheckpointManager"
 STOCK_CM = "torchtitan.components.checkpointer.dcp.CheckpointManager"
+#: The first torch whose FSDP2 ``fully_shard`` takes torchtitan's ``spmd_types`` parameters.
+SPMD_TYPES_TORCH = (2, 14)
+needs_spmd_types_fsdp = pytest.mark.skipif(
+    TORCH is None or TORCH < SPMD_TYPES_TORCH,
+    reason=(
+        "torchtitan's spmd_types backend needs torch >= 2.14 (the fully_shard of torch "
+        f"{'.'.join(map(str, TORCH or ()))} refuses its parameters: 'all parameters must be "
+        "DTensors on the full SPMD mesh'); run `make test-torch-latest`"
+    ),
+)
 
 
 def _assets(tmp_path: Path) -> str:
@@ -158,6 +175,29 @@ def test_uneven_fsdp3_tp2_stock_fails_exact_resumes(tmp_path: Path) -> None:
     _trained(fsdp6, [3, 4])
     for step in (3, 4):
         assert fsdp6.losses[step] == pytest.approx(full.losses[step], rel=1e-6, abs=0)
+
+
+@needs_spmd_types_fsdp
+@pytest.mark.multiprocess
+@pytest.mark.timeout(960)
+def test_trainer_drop_in_under_spmd_types(tmp_path: Path) -> None:
+    """torchtitan 0.3.0's default SPMD backend: stock and drop-in, the same losses."""
+    root = _assets(tmp_path)
+    out = _rank_zero(
+        run_multiproc(
+            titan_harness.spmd_types_job, 4, root, 3, timeout=600, startup_timeout=300, init=False
+        )
+    )
+    _print_table("FSDP 2 x TP 2 (4 processes), spmd_types", out)
+    stock, drop_in = out["stock"], out["drop_in"]
+    _trained(stock, [1, 2, 3])
+    _trained(drop_in, [1, 2, 3])
+    assert (stock.parallel_dims, drop_in.parallel_dims) == (STOCK_PD, DROP_IN_PD)
+    # spmd_types' FSDP2 storage: parameters are DTensors on the dense mesh's
+    # (dp_shard, tp) dims, not on partial_dtensor's fsdp mesh
+    assert stock.param_mesh == drop_in.param_mesh == ("dp_shard", "tp")
+    assert all(stock.losses[s + 1] < stock.losses[s] for s in (1, 2)), stock.losses
+    assert drop_in.losses == stock.losses
 
 
 def test_exact_checkpoint_config_keeps_fields_and_refuses_other_configs() -> None:

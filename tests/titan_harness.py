@@ -32,6 +32,19 @@ downloads:
     and only keeps its barrier;
   - ``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` and a per-run HF cache directory.
 
+* ``run_job`` empties torch's DTensor sharding-propagation caches before it builds
+  a trainer (``_fresh_dtensor_caches``), so several trainers can run one after the
+  other in one process (a real job has one). Those caches (a Python LRU cache and
+  torch 2.14's C++ fast path) key on ``DTensorSpec``, whose mesh compares by value,
+  so an op of the second trainer (the ``detach`` of ``nn.Parameter(dtensor)`` in
+  FSDP2's set-up) gets back a spec holding the *first* trainer's equal
+  ``DeviceMesh`` object. Under ``spmd_types`` on torch 2.14, FSDP2 then refuses
+  the parameter ("Expected param's DTensor mesh to be the same mesh passed to
+  fully_shard, but got different mesh objects"), with torchtitan's own
+  ``ParallelDims`` twice in a row as with the drop-in. The function used,
+  ``torch.distributed.tensor.debug._clear_sharding_prop_cache``, is torch's
+  (private, test-only here).
+
 * ``write_assets(dir, ...)``: the test tokenizer (a word-level ``tokenizers`` model:
   ``<|begin_of_text|>``, ``<|end_of_text|>`` and words ``w0 .. wN``) and a JSON-lines
   text data set that ``datasets`` loads offline as torchtitan's ``c4_test``.
@@ -46,11 +59,13 @@ downloads:
   ``ScaledDotProductAttention`` (causal: equal to block-causal here because a sample
   is one document, and needs no inductor compile), CUDA graphs off, float32 mixed
   precision, a fixed seed, and the parallel degrees asked for. The SPMD backend is
-  ``partial_dtensor`` (torchtitan's DTensor TP + FSDP2 on the ``fsdp`` mesh, i.e.
-  FSDP2 over TP as torch's own tests use it): 0.3.0's default ``spmd_types`` keeps
-  parameters as plain local tensors and passes ``dp_mesh_dims`` to ``fully_shard``,
-  whose torch 2.13 version refuses them ("all parameters must be DTensors on the
-  full SPMD mesh"), i.e. it needs a newer torch.
+  ``partial_dtensor`` by default (torchtitan's DTensor TP + FSDP2 on the ``fsdp``
+  mesh, i.e. FSDP2 over TP as torch's own tests use it): 0.3.0's default
+  ``spmd_types`` keeps parameters as plain local tensors annotated with
+  ``spmd_types`` and passes ``dp_mesh_dims`` to ``fully_shard``, whose torch 2.13
+  version refuses them ("all parameters must be DTensors on the full SPMD mesh");
+  torch 2.14's ``fully_shard`` turns the annotations into DTensors and trains it
+  (``Run(spmd_backend="spmd_types")``, ``spmd_types_job``).
 * ``HarnessTrainer``: torchtitan's ``Trainer`` with the ``ParallelDims`` class to
   build (torchtitan's or meshlayout's drop-in) and the per-step global losses
   recorded from its metrics processor.
@@ -361,6 +376,7 @@ class Outcome:
     checkpointer: str = ""  # the checkpoint manager class the trainer used
     error: str | None = None  # "ExceptionType: message" when training raised
     stock_save_error: str | None = None  # the tee'd stock save's error, if it raised
+    param_mesh: tuple[str, ...] = ()  # dim names of the first parameter's DTensor mesh
 
 
 def _stock_tee(trainer: Any, folder: str, dump: Path, outcome: Outcome) -> None:
@@ -421,6 +437,7 @@ def run_job(
     """
     outcome = Outcome(losses={})
     dump = root / "dump"
+    _fresh_dtensor_caches()
     trainer = make_trainer(titan_config(run, root / "assets", dump), parallel_dims_cls)
     if stock_tee is not None:
         _stock_tee(trainer, stock_tee, dump, outcome)
@@ -433,7 +450,24 @@ def run_job(
     outcome.losses = dict(trainer.losses)
     outcome.parallel_dims = _qualname(type(trainer.parallel_dims))
     outcome.checkpointer = _qualname(type(trainer.checkpointer))
+    outcome.param_mesh = _param_mesh(trainer)
     return outcome
+
+
+def _fresh_dtensor_caches() -> None:
+    """Empty torch's DTensor sharding-propagation caches (see module doc)."""
+    from torch.distributed.tensor import debug
+
+    clear = getattr(debug, "_clear_sharding_prop_cache", None)
+    if clear is not None:
+        clear()
+
+
+def _param_mesh(trainer: Any) -> tuple[str, ...]:
+    """Mesh dim names of the model's first parameter as FSDP2 stores it (a DTensor)."""
+    param = next(trainer.model_parts[0].parameters())
+    mesh = getattr(param, "device_mesh", None)
+    return tuple(mesh.mesh_dim_names or ()) if mesh is not None else ()
 
 
 def _qualname(cls: type) -> str:
@@ -522,3 +556,17 @@ def six_process_job(rank: int, world: int, root: str, vocab: int) -> dict[str, O
             drop_in,
         )  # fmt: skip
     return out
+
+
+def spmd_types_job(rank: int, world: int, root: str, steps: int) -> dict[str, Outcome]:
+    """FSDP 2 x TP 2 under torchtitan 0.3.0's default ``spmd_types`` backend (4 processes).
+
+    ``stock``: torchtitan's ParallelDims; ``drop_in``: meshlayout's. Needs a torch
+    whose ``fully_shard`` takes ``spmd_types`` parameters (2.14).
+    """
+    drop_in = _worker_setup(rank, Path(root))
+    base = Run(dp_shard=2, tp=2, vocab=256, steps=steps, spmd_backend="spmd_types")
+    return {
+        "stock": run_job(base, Path(root)),
+        "drop_in": run_job(base, Path(root), drop_in),
+    }
