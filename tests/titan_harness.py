@@ -35,10 +35,11 @@ downloads:
 * ``run_job`` empties torch's DTensor sharding-propagation caches before it builds
   a trainer (``_fresh_dtensor_caches``), so several trainers can run one after the
   other in one process (a real job has one). Those caches (a Python LRU cache and
-  torch 2.14's C++ fast path) key on ``DTensorSpec``, whose mesh compares by value,
-  so an op of the second trainer (the ``detach`` of ``nn.Parameter(dtensor)`` in
-  FSDP2's set-up) gets back a spec holding the *first* trainer's equal
-  ``DeviceMesh`` object. Under ``spmd_types`` on torch 2.14, FSDP2 then refuses
+  a C++ fast-path cache; emptying the Python one alone does not help) key on
+  ``DTensorSpec``, whose mesh compares by value, so in the second trainer's FSDP2
+  set-up the parameter made by ``DTensor.from_local(..., mesh)`` and wrapped in
+  ``nn.Parameter`` comes back holding the *first* trainer's equal ``DeviceMesh``
+  object (``from_local`` itself builds it on ``mesh``). Under ``spmd_types`` on torch 2.14, FSDP2 then refuses
   the parameter ("Expected param's DTensor mesh to be the same mesh passed to
   fully_shard, but got different mesh objects"), with torchtitan's own
   ``ParallelDims`` twice in a row as with the drop-in. The function used,
