@@ -17,7 +17,7 @@ LATEST_STAMP := $(LATEST_VENV)/.installed
 TORCH_LATEST ?= torch==2.14.1
 # The torch side: every test in a file that needs torch, then the torch tests of the other files.
 TORCH_TEST_FILES := $(sort $(wildcard tests/test_*torch*.py) tests/test_demo.py tests/test_sharding_multiproc.py)
-LATEST_PYTEST_ARGS ?= -n 2 -q
+LATEST_PYTEST_ARGS ?= -n 2 --dist loadgroup -q
 
 setup: $(STAMP)
 

@@ -93,6 +93,7 @@ def _trained(outcome: titan_harness.Outcome, steps: list[int]) -> None:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.xdist_group("torchtitan_trainer")  # one 4- or 6-process job at a time
 @pytest.mark.timeout(960)
 def test_trainer_drop_in_and_resume_at_fsdp4(tmp_path: Path) -> None:
     root = _assets(tmp_path)
@@ -129,6 +130,7 @@ def test_trainer_drop_in_and_resume_at_fsdp4(tmp_path: Path) -> None:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.xdist_group("torchtitan_trainer")  # one 4- or 6-process job at a time
 @pytest.mark.timeout(960)
 def test_uneven_fsdp3_tp2_stock_fails_exact_resumes(tmp_path: Path) -> None:
     root = _assets(tmp_path)
@@ -179,6 +181,7 @@ def test_uneven_fsdp3_tp2_stock_fails_exact_resumes(tmp_path: Path) -> None:
 
 @needs_spmd_types_fsdp
 @pytest.mark.multiprocess
+@pytest.mark.xdist_group("torchtitan_trainer")  # one 4- or 6-process job at a time
 @pytest.mark.timeout(960)
 def test_trainer_drop_in_under_spmd_types(tmp_path: Path) -> None:
     """torchtitan 0.3.0's default SPMD backend: stock and drop-in, the same losses."""
