@@ -48,30 +48,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from llama_shapes import llama_shapes
+
 VOCAB, HIDDEN, INTER = 32001, 1024, 2816
 WORLD = 6
 
 
 def _shapes(layers: int) -> dict[str, tuple[tuple[int, ...], str]]:
-    out: dict[str, tuple[tuple[int, ...], str]] = {
-        "tok_embeddings.weight": ((VOCAB, HIDDEN), "col"),
-        "norm.weight": ((HIDDEN,), "rep"),
-        "output.weight": ((VOCAB, HIDDEN), "col"),
-    }
-    for i in range(layers):
-        p = f"layers.{i}."
-        out |= {
-            p + "attention.wq.weight": ((HIDDEN, HIDDEN), "col"),
-            p + "attention.wk.weight": ((HIDDEN, HIDDEN), "col"),
-            p + "attention.wv.weight": ((HIDDEN, HIDDEN), "col"),
-            p + "attention.wo.weight": ((HIDDEN, HIDDEN), "row"),
-            p + "feed_forward.w1.weight": ((INTER, HIDDEN), "col"),
-            p + "feed_forward.w3.weight": ((INTER, HIDDEN), "col"),
-            p + "feed_forward.w2.weight": ((HIDDEN, INTER), "row"),
-            p + "attention_norm.weight": ((HIDDEN,), "rep"),
-            p + "ffn_norm.weight": ((HIDDEN,), "rep"),
-        }
-    return out
+    return llama_shapes(VOCAB, HIDDEN, INTER, layers)
 
 
 def _specs(case: str, layers: int) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 
+from llama_shapes import llama_shapes
 from meshlayout import Mesh
 from meshlayout.sharding import (
     Placement,
@@ -47,24 +48,7 @@ def model(hsdp: bool) -> tuple[dict[str, ShardingSpec], dict[str, ShardingSpec]]
         row = [Shard(0), Shard(1)]
         rep = [Shard(0), Replicate()]
     out = Mesh({"tp": tp}, ranks=range(1024, 1024 + tp))
-    shapes: dict[str, tuple[tuple[int, ...], str]] = {
-        "tok_embeddings.weight": ((VOCAB, HIDDEN), "col"),
-        "norm.weight": ((HIDDEN,), "rep"),
-        "output.weight": ((VOCAB, HIDDEN), "col"),
-    }
-    for i in range(LAYERS):
-        p = f"layers.{i}."
-        shapes |= {
-            p + "attention.wq.weight": ((HIDDEN, HIDDEN), "col"),
-            p + "attention.wk.weight": ((HIDDEN // 4, HIDDEN), "col"),
-            p + "attention.wv.weight": ((HIDDEN // 4, HIDDEN), "col"),
-            p + "attention.wo.weight": ((HIDDEN, HIDDEN), "row"),
-            p + "feed_forward.w1.weight": ((INTER, HIDDEN), "col"),
-            p + "feed_forward.w3.weight": ((INTER, HIDDEN), "col"),
-            p + "feed_forward.w2.weight": ((HIDDEN, INTER), "row"),
-            p + "attention_norm.weight": ((HIDDEN,), "rep"),
-            p + "ffn_norm.weight": ((HIDDEN,), "rep"),
-        }
+    shapes = llama_shapes(VOCAB, HIDDEN, INTER, LAYERS, kv_dim=HIDDEN // 4)
     kinds: dict[str, tuple[list[Placement], list[Placement]]] = {
         "col": (col, [Shard(0)]),
         "row": (row, [Shard(1)]),
