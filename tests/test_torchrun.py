@@ -154,6 +154,21 @@ def _check_passed(out: str, world: int) -> None:
     assert f"demo.train passed on {world} processes" in out
 
 
+def _without_exit_barrier_log(err: str) -> str:
+    """``err`` without the lines torchrun's agents log about their own exit barrier.
+
+    After every worker finished, the two agents meet once more in an exit barrier
+    over the rendezvous store; when the agent hosting that store leaves first, the
+    other logs "Error waiting on exit barrier" with a traceback and still exits 0
+    (torch's elastic agent, ``_exit_barrier``: a race between the agents, seen here
+    under load). Those lines carry the agent module's location; workers' own output
+    does not.
+    """
+    return "\n".join(
+        line for line in err.splitlines() if "elastic/agent/server/api.py:" not in line
+    )
+
+
 def test_standalone_one_host(reference_losses: list[float]) -> None:
     [(code, out, err)] = _launch(_argv(STANDALONE))
     assert code == 0, out + err[-3000:]
@@ -173,7 +188,8 @@ def test_two_hosts_on_loopback(reference_losses: list[float]) -> None:
     agents = _launch(argv, argv)
     for code, out, err in agents:
         assert code == 0, out + err[-3000:]
-        assert "Traceback" not in err and "HostLayoutWarning" not in err
+        ours = _without_exit_barrier_log(err)
+        assert "Traceback" not in ours and "HostLayoutWarning" not in ours, ours[-3000:]
     # rank 0 lives on whichever agent the rendezvous made node 0: it alone prints
     printed = [out for _, out, _ in agents if out.strip()]
     assert len(printed) == 1, agents
