@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -17,6 +17,7 @@ from .args import ArgError, one_line, shown
 
 __all__ = [
     "add_output",
+    "busiest_rows",
     "emit",
     "file_name",
     "json_text",
@@ -98,3 +99,24 @@ def json_text(value: Any, indent: str = "") -> str:
 def emit(args: argparse.Namespace, report: dict[str, Any], text: str) -> None:
     """Print the report as JSON (``--format json``) or the text."""
     print(json_text(report) if args.format == "json" else text)
+
+
+def busiest_rows(
+    summary: dict[str, Any], unit: str, amount: Callable[[int], str]
+) -> list[list[str]]:
+    """The ``busiest ranks`` and (with hosts) ``across hosts`` rows of a plan's summary.
+
+    ``unit`` names the summary's counts (``max_send_<unit>``, ``across_host_<unit>``:
+    ``elements`` for reshard, ``bytes`` for transfer); ``amount`` formats one count.
+    """
+    s = summary
+    busiest = [
+        f"rank {s[f'max_{k}_rank']} {verb} {amount(s[f'max_{k}_{unit}'])}"
+        for k, verb in (("send", "sends"), ("recv", "receives"))
+        if s[f"max_{k}_rank"] is not None
+    ]
+    rows = [["busiest ranks", "; ".join(busiest) or "nothing is sent"]]
+    if s["ranks_per_host"] is not None:
+        hosts = f"{amount(s[f'across_host_{unit}'])} ({s['ranks_per_host']} ranks per host)"
+        rows.append(["across hosts", hosts])
+    return rows

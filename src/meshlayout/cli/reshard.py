@@ -33,7 +33,7 @@ from .args import (
     spec_from_flags,
     user_input,
 )
-from .output import add_output, json_text, too_large, write
+from .output import add_output, busiest_rows, json_text, too_large, write
 
 __all__ = ["EPILOG", "HELP", "ITEMSIZE", "add_arguments", "reshard_report", "reshard_text", "run"]
 
@@ -303,20 +303,7 @@ def reshard_text(plan: ReshardPlan, *, dtype: str | None = None) -> str:
             f"{s['local_copy_elements']}, delivered: {s['elements_delivered']})",
         ],
     ]
-    busiest = [
-        f"rank {s[f'max_{k}_rank']} {verb} {_amount(s[f'max_{k}_elements'], itemsize)}"
-        for k, verb in (("send", "sends"), ("recv", "receives"))
-        if s[f"max_{k}_rank"] is not None
-    ]
-    rows.append(["busiest ranks", "; ".join(busiest) or "nothing is sent"])
-    if s["ranks_per_host"] is not None:
-        rows.append(
-            [
-                "across hosts",
-                f"{_amount(s['across_host_elements'], itemsize)} "
-                f"({s['ranks_per_host']} ranks per host)",
-            ]
-        )
+    rows += busiest_rows(s, "elements", lambda n: _amount(n, itemsize))
     ratio = f"{s['allgather_ratio']:.2f}x the plan" if s["allgather_ratio"] else "nothing moves"
     rows.append(
         [

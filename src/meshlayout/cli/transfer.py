@@ -36,7 +36,7 @@ from ..render.transfer_svg import byte_text, transfer_picture
 from ..sharding import ShardingSpec
 from .args import ArgError, build_mesh, int_arg, one_line, parse_size, shown, user_input
 from .model_tensors import DTYPES, TensorInfo, dtype_name, read_tensors
-from .output import add_output, emit, too_large, write
+from .output import add_output, busiest_rows, emit, too_large, write
 from .rules import Layout, layout_model, parse_rules
 
 __all__ = ["EPILOG", "HELP", "SCHEMA", "add_arguments", "run", "transfer_report", "transfer_text"]
@@ -526,19 +526,7 @@ def transfer_text(report: dict[str, Any], *, largest: int = 5) -> str:
             f"{byte_text(s['max_round_send_bytes'])}, receives {byte_text(s['max_round_recv_bytes'])})",
         ],
     ]
-    busiest = [
-        f"rank {s[f'max_{k}_rank']} {verb} {byte_text(s[f'max_{k}_bytes'])}"
-        for k, verb in (("send", "sends"), ("recv", "receives"))
-        if s[f"max_{k}_rank"] is not None
-    ]
-    rows.append(["busiest ranks", "; ".join(busiest) or "nothing is sent"])
-    if s["ranks_per_host"] is not None:
-        rows.append(
-            [
-                "across hosts",
-                f"{byte_text(s['across_host_bytes'])} ({s['ranks_per_host']} ranks per host)",
-            ]
-        )
+    rows += busiest_rows(s, "bytes", byte_text)
     lines += ["", table(rows)]
     lines += [
         "",
