@@ -28,7 +28,9 @@ def torchtitan_reference() -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     runs them in one worker. Skips where torchtitan (the ``torchtitan`` extra) is absent.
     """
     if importlib.util.find_spec("torchtitan") is None:
-        pytest.skip("torchtitan is not installed (the `torchtitan` extra)")
+        from torch_versions import TORCHTITAN_MISSING
+
+        pytest.skip(TORCHTITAN_MISSING)
     import torchtitan_configs
     from torchtitan_reference import run_reference
 

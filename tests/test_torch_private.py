@@ -124,10 +124,19 @@ def test_the_home_exists_and_says_which_torch_versions_it_was_checked_on() -> No
     text = HOME.read_text()
     assert private_uses(text), "the home should hold the private accesses"
     tree = ast.parse(text)
+    checked = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "CHECKED_ON" for t in node.targets)
+    )
+    assert {"2.10.0", "2.13.0", "2.15.0"} <= set(checked)
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
             doc = ast.get_docstring(node) or ""
             assert "Checked on 2.13.0" in doc, f"{node.name}: say which torch versions"
+            missing = [v for v in checked if v not in doc]
+            assert not missing, f"{node.name}: not said to be checked on {missing}"
 
 
 def test_the_checker_catches_planted_private_uses() -> None:

@@ -23,13 +23,14 @@ from typing import Any
 import pytest
 
 from meshlayout import ParallelDims as PureDims
+from torch_versions import TORCHTITAN_MISSING
 from torchtitan_configs import BACKENDS, TITAN_DEGREES
 
 #: Tests of the shared reference run (conftest's fixture) go to one xdist worker.
 reference_group = pytest.mark.xdist_group("torchtitan_reference")
 
 needs_torchtitan = pytest.mark.skipif(
-    importlib.util.find_spec("torchtitan") is None, reason="needs the `torchtitan` extra"
+    importlib.util.find_spec("torchtitan") is None, reason=TORCHTITAN_MISSING
 )
 
 

@@ -28,11 +28,12 @@ import pytest
 
 from meshlayout import ParallelDims
 from meshlayout.torchtitan_names import ONE_DIMENSIONAL, TORCHTITAN_NAMES, single_axis_names
+from torch_versions import TORCHTITAN_MISSING
 from torchtitan_configs import TITAN_DEGREES
 from torchtitan_reference import describe, pure_family
 
 needs_torchtitan = pytest.mark.skipif(
-    importlib.util.find_spec("torchtitan") is None, reason="needs the `torchtitan` extra"
+    importlib.util.find_spec("torchtitan") is None, reason=TORCHTITAN_MISSING
 )
 Reference = list[tuple[dict[str, Any], list[dict[str, Any]]]]
 
