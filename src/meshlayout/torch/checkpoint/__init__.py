@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from .._requirements import TORCH_VERSION
 from ._export import ExportResult, NotExportableError, export_safetensors
 from ._inspect import describe_checkpoint, read_metadata
 from ._plan import Chunk, ChunkIndex, Read, Tiling, replica_dims, tiling, written_boxes
@@ -109,6 +110,30 @@ def _plain_error(exc: BaseException) -> BaseException:
     return kind(f"ranks {sorted(failures)}: {inner[0]}")
 
 
+#: What torch 2.10 to 2.14's ``TensorProperties.__setstate__`` raises on the six fields
+#: torch 2.15 writes.
+_NEWER_PROPERTIES = "too many values to unpack (expected 5"
+
+
+def _newer_metadata(exc: BaseException, checkpoint_id: object) -> ValueError | None:
+    """A ValueError naming the fix when DCP's reader here failed on metadata written by
+    torch >= 2.15 (directly, or inside DCP's CheckpointException), else None."""
+    failures = getattr(exc, "failures", None)
+    inner = list(failures.values()) if isinstance(failures, dict) else []
+    texts = [str(exc), *(str(f[0] if isinstance(f, tuple) else f) for f in inner)]
+    if TORCH_VERSION >= (2, 15) or not any(_NEWER_PROPERTIES in t for t in texts):
+        return None
+    import torch
+
+    return ValueError(
+        f"{checkpoint_id}: its .metadata was written by torch 2.15 or newer (six-field "
+        f"TensorProperties), which the DCP reader of torch {torch.__version__} cannot read. "
+        "Load it with torch >= 2.15, or export it to safetensors here (meshlayout "
+        "checkpoint export, or export_safetensors: they read it) and load that with "
+        "load_safetensors"
+    )
+
+
 @contextlib.contextmanager
 def _plain_errors() -> Iterator[None]:
     """Re-raise DCP's CheckpointException of input errors as :func:`_plain_error` says."""
@@ -166,15 +191,24 @@ def load(
     or plain tensors (``no_dist=True`` on one process gives full tensors).
     ``planner_options`` go to the planner (e.g. ``allow_partial_load=True``). A
     destination element the checkpoint does not hold exactly once raises ``ValueError``
-    naming the tensor and box, as do other input errors.
+    naming the tensor and box, as do other input errors. On torch < 2.15 a checkpoint
+    written by torch >= 2.15 raises ``ValueError`` naming the fix (DCP's reader here
+    cannot read its metadata; :func:`export_safetensors` and :func:`describe_checkpoint`
+    can).
     """
     _check_args(state_dict, checkpoint_id, storage_reader, "load")
-    with _plain_errors():
-        dcp_load(
-            state_dict,
-            checkpoint_id=checkpoint_id,
-            storage_reader=storage_reader,
-            planner=ExactLoadPlanner(**planner_options),
-            process_group=process_group,
-            no_dist=_no_dist(no_dist),
-        )
+    try:
+        with _plain_errors():
+            dcp_load(
+                state_dict,
+                checkpoint_id=checkpoint_id,
+                storage_reader=storage_reader,
+                planner=ExactLoadPlanner(**planner_options),
+                process_group=process_group,
+                no_dist=_no_dist(no_dist),
+            )
+    except BaseException as exc:
+        newer = _newer_metadata(exc, checkpoint_id or storage_reader)
+        if newer is None:
+            raise
+        raise newer from exc
