@@ -35,7 +35,7 @@ TORCH_IS_KNOWN = TORCH in KNOWN_TORCH
 #: torchtitan 0.3.0 (the ``torchtitan`` extra) needs torch >= 2.11 (torch_checkpointing).
 TORCHTITAN_MIN_TORCH = (2, 11)
 TORCHTITAN_MISSING = "needs the `torchtitan` extra" + (
-    f" (torchtitan 0.3.0 needs torch >= 2.11; torch here is {TORCH})"
+    f" (torchtitan 0.3.0 needs torch >= 2.11; torch here is {'.'.join(map(str, TORCH))})"
     if TORCH is not None and TORCH < TORCHTITAN_MIN_TORCH
     else ""
 )

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -41,6 +42,7 @@ from ._export import ExportResult, NotExportableError, export_safetensors
 from ._inspect import describe_checkpoint, read_metadata
 from ._plan import Chunk, ChunkIndex, Read, Tiling, replica_dims, tiling, written_boxes
 from ._planners import ExactLoadPlanner, ExactSavePlanner, dtensor_spec
+from ._safe_pickle import properties_fields
 from ._safetensors_load import (
     LoadStats,
     SafetensorsEntry,
@@ -110,18 +112,19 @@ def _plain_error(exc: BaseException) -> BaseException:
     return kind(f"ranks {sorted(failures)}: {inner[0]}")
 
 
-#: What torch 2.10 to 2.14's ``TensorProperties.__setstate__`` raises on the six fields
-#: torch 2.15 writes.
-_NEWER_PROPERTIES = "too many values to unpack (expected 5"
-
-
-def _newer_metadata(exc: BaseException, checkpoint_id: object) -> ValueError | None:
-    """A ValueError naming the fix when DCP's reader here failed on metadata written by
-    torch >= 2.15 (directly, or inside DCP's CheckpointException), else None."""
-    failures = getattr(exc, "failures", None)
-    inner = list(failures.values()) if isinstance(failures, dict) else []
-    texts = [str(exc), *(str(f[0] if isinstance(f, tuple) else f) for f in inner)]
-    if TORCH_VERSION >= (2, 15) or not any(_NEWER_PROPERTIES in t for t in texts):
+def _newer_metadata(checkpoint_id: object) -> ValueError | None:
+    """A ValueError naming the fix when the checkpoint in ``checkpoint_id`` has metadata
+    written by torch >= 2.15, which DCP's reader on older torch cannot read (its
+    ``TensorProperties`` unpack five fields, 2.15 writes six), else None."""
+    if TORCH_VERSION >= (2, 15) or not isinstance(checkpoint_id, (str, os.PathLike)):
+        return None
+    file = Path(checkpoint_id) / ".metadata"
+    try:
+        with open(file, "rb") as f:
+            fields = properties_fields(f, str(file))
+    except (OSError, ValueError):
+        return None
+    if 6 not in fields:
         return None
     import torch
 
@@ -207,8 +210,10 @@ def load(
                 process_group=process_group,
                 no_dist=_no_dist(no_dist),
             )
-    except BaseException as exc:
-        newer = _newer_metadata(exc, checkpoint_id or storage_reader)
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        newer = _newer_metadata(checkpoint_id)
         if newer is None:
             raise
         raise newer from exc

@@ -43,7 +43,13 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-__all__ = ["ForbiddenGlobal", "TensorRecord", "load_metadata", "tensor_record"]
+__all__ = [
+    "ForbiddenGlobal",
+    "TensorRecord",
+    "load_metadata",
+    "properties_fields",
+    "tensor_record",
+]
 
 _DCP = "torch.distributed.checkpoint.metadata"
 _FS = "torch.distributed.checkpoint.filesystem"
@@ -227,17 +233,36 @@ def _check_metadata(md: Any, where: str) -> Metadata:
     return md
 
 
+def _unpickle_metadata(file: IO[bytes], where: str) -> Any:
+    try:
+        return _MetadataUnpickler(file).load()
+    except Exception as exc:  # pickle raises many kinds on malformed input
+        raise _refused(where, exc, ".metadata") from None
+
+
 def load_metadata(file: IO[bytes], where: str) -> Metadata:
     """DCP's ``Metadata`` unpickled from ``file`` with the allow-list; nothing else runs.
 
     ValueError naming ``where`` and the forbidden global (``module.name``) for a file
     naming any other global, or when it is no DCP metadata.
     """
-    try:
-        md = _MetadataUnpickler(file).load()
-    except Exception as exc:  # pickle raises many kinds on malformed input
-        raise _refused(where, exc, ".metadata") from None
-    return _check_metadata(md, where)
+    return _check_metadata(_unpickle_metadata(file, where), where)
+
+
+def properties_fields(file: IO[bytes], where: str) -> set[int]:
+    """How many fields the ``TensorProperties`` states in a ``.metadata`` pickle have
+    (5: written by torch up to 2.14; 6: by torch 2.15 and newer), read as
+    :func:`load_metadata` reads (ValueError likewise)."""
+    md = _unpickle_metadata(file, where)
+    entries = getattr(md, "state_dict_metadata", None)
+    if not isinstance(md, Metadata) or not isinstance(entries, Mapping):
+        raise ValueError(f"{where}: not DCP checkpoint metadata")
+    return {
+        len(entry.properties.state)
+        for entry in entries.values()
+        if isinstance(getattr(entry, "properties", None), _PropertiesAsWritten)
+        and isinstance(entry.properties.state, tuple)
+    }
 
 
 @dataclass(frozen=True)
