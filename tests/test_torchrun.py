@@ -170,9 +170,9 @@ def _without_exit_barrier_log(err: str) -> str:
 
 
 def _without_gloo_log(out: str) -> str:
-    """``out`` without gloo's own connection lines: torch 2.10's and 2.11's gloo prints
-    "[Gloo] Rank N is connected to K peer ranks ..." on stdout of every process that
-    joins a group (also on the agent whose workers print nothing else)."""
+    """``out`` without gloo's own connection lines: torch 2.10's gloo prints "[Gloo]
+    Rank N is connected to K peer ranks ..." on stdout of every process that joins a
+    group (also on the agent whose workers print nothing else)."""
     return "\n".join(line for line in out.splitlines() if not line.startswith("[Gloo] Rank "))
 
 

@@ -41,9 +41,9 @@ TORCHTITAN_MISSING = "needs the `torchtitan` extra" + (
 )
 
 #: The backend of meshlayout's one-member groups in a gloo world: torch's local "fake"
-#: backend where it copies for every collective (2.12 and newer), else a real one-rank
-#: gloo group (2.10 and 2.11: tests/test_torch_groups.py shows why).
-ONE_MEMBER_BACKEND = "fake" if TORCH is None or TORCH >= (2, 12) else "gloo"
+#: backend where it copies for every collective (2.13 and newer), else a real one-rank
+#: gloo group (2.10 to 2.12: tests/test_torch_groups.py shows why).
+ONE_MEMBER_BACKEND = "fake" if TORCH is None or TORCH >= (2, 13) else "gloo"
 
 #: Whether DCP's refusal of overlapping chunks names the tensor: "Failed to validate
 #: global plan: key:<name> has overlapping chunks" from torch 2.12 on; 2.10 and 2.11

@@ -121,16 +121,16 @@ def backend_class_name(pg: dist.ProcessGroup, device: torch.device) -> str:
 def one_member_backend(backend: str) -> str:
     """The backend of a one-member group that would otherwise use ``backend``.
 
-    torch's ``fake`` backend needs no communicator, and from 2.12 each of its
+    torch's ``fake`` backend needs no communicator, and from 2.13 each of its
     collectives on one rank copies the input to the output, as a real one-rank group
-    does; meshlayout uses it. The fake backend of 2.10 and 2.11 leaves the output of
+    does; meshlayout uses it. The fake backend of 2.10 to 2.12 leaves the output of
     ``reduce_scatter`` (hence FSDP2's gradient reduction) and ``all_to_all``
     untouched, so there a one-member group is a real one-rank group of ``backend``.
 
-    Checked on 2.13.0, 2.12.1, 2.14.1, 2.15.0 (fake) and 2.10.0, 2.11.0 (a real group):
-    ``tests/test_torch_groups.py`` runs every collective on such a group.
+    Checked on 2.13.0, 2.14.1, 2.15.0 (fake) and 2.10.0, 2.11.0, 2.12.1 (a real
+    group): ``tests/test_torch_groups.py`` runs every collective on such a group.
     """
-    return FAKE_BACKEND if TORCH_VERSION >= (2, 12) else backend
+    return FAKE_BACKEND if TORCH_VERSION >= (2, 13) else backend
 
 
 def options_fields(options: Any) -> list[tuple[str, str]]:

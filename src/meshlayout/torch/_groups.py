@@ -20,7 +20,7 @@ identified by ``(ordered member ranks, backend, options)``:
 * **World reuse, no size-1 communicators.** Ranks equal to ``range(world)`` with
   the default backend and no options return the default group; a one-member group
   is a local ``fake``-backend group (collectives on one rank are copies) — no
-  communicator, no rendezvous. (On torch 2.10 and 2.11, whose fake backend does not
+  communicator, no rendezvous. (On torch 2.10 to 2.12, whose fake backend does not
   copy for every collective, it is a real one-rank group:
   :func:`._c10d.one_member_backend`.)
 * **Bounded.** Before creating, members meet through the default store with the
