@@ -60,6 +60,7 @@ import torch.distributed as dist
 from ..sharding import ShardingSpec, TransferPlan, local_slices, pieces, run_boxes
 from ..sharding import transfer_plan as _transfer_plan
 from . import _c10d
+from ._check import check_in_world
 from ._collectives import Bounded, all_reduce, all_to_all
 from ._errors import TransferVerificationError
 from ._fingerprint import MASK64, Fingerprinter
@@ -166,6 +167,12 @@ class WeightTransfer:
             if me not in spec.mesh:
                 raise ValueError(f"dst[{name!r}]: rank {me} is not in its mesh {spec.mesh!r}")
             dst_meta[name] = (spec, None if dtype is None else dtype_name(dtype))
+        seen: set[int] = set()
+        for side, meta in (("src", src_meta), ("dst", dst_meta)):
+            for name, (spec, _) in meta.items():
+                if id(spec.mesh) not in seen:
+                    seen.add(id(spec.mesh))
+                    check_in_world(spec.mesh, f"WeightTransfer {side}[{name!r}]")
         self.members, (src_all, dst_all) = exchange(me, (src_meta, dst_meta), self.timeout)
         self.src_specs: dict[str, ShardingSpec] = {n: s for n, (s, _) in src_all.items()}
         self.dst_specs: dict[str, ShardingSpec] = {n: s for n, (s, _) in dst_all.items()}
