@@ -6,7 +6,7 @@ often on other ranks) after each step, or a job restarted on another layout.
 
 Construction (collective over the union of both rank sets; other ranks do not call it):
 
-1. **Metadata** through the default store, bounded by ``timeout``: each side posts its
+1. **Metadata** through the default store (or a sync group's, ``group=``), bounded by ``timeout``: each side posts its
    rank set, then every rank posts (a digest of) what it holds: per name, the spec and
    dtype of its source piece and of its destination piece (:mod:`._transfer_meta`). The lowest rank of the
    union reads each distinct post once, checks that ranks agree, that every rank of a
@@ -65,6 +65,7 @@ from ._errors import TransferVerificationError
 from ._fingerprint import MASK64, Fingerprinter
 from ._groups import get_group
 from ._store import as_timedelta
+from ._sync import SyncGroup, check_members
 from ._transfer_meta import (
     check_piece,
     dest_entry,
@@ -124,6 +125,13 @@ class WeightTransfer:
     ``ranks_per_host``: prefer same-host senders among replicas; ``timeout`` (seconds
     or ``timedelta``; default c10d's) bounds every wait and collective.
 
+    ``group``: a :class:`~meshlayout.torch.SyncGroup` (:func:`~meshlayout.torch.sync_group`)
+    for two separately launched worlds (a trainer's and an inference engine's): ranks
+    in specs are then the sync group's ranks (a DTensor's mesh is translated from its
+    default group's ranks), every member takes part, and the metadata exchange,
+    collectives, timeouts and error reports use that group and its store only; no
+    default process group is needed.
+
     Attributes: :attr:`plan` (the :class:`~meshlayout.sharding.TransferPlan`),
     :attr:`members` (the union, ascending), :attr:`send_buffer`,
     :attr:`recv_buffer` (the byte buffers, reused by every run).
@@ -137,11 +145,17 @@ class WeightTransfer:
         bucket_bytes: int = 256 * 2**20,
         ranks_per_host: int | None = None,
         timeout: timedelta | float | None = None,
+        group: SyncGroup | None = None,
     ) -> None:
-        if not dist.is_initialized():
+        if group is not None and not isinstance(group, SyncGroup):
+            raise TypeError(
+                f"group must be a SyncGroup from meshlayout.torch.sync_group, got {group!r}"
+            )
+        if group is None and not dist.is_initialized():
             raise RuntimeError(
-                "WeightTransfer needs an initialised default process group: launch with "
-                "torchrun (or call torch.distributed.init_process_group) first"
+                "WeightTransfer needs an initialised default process group (launch with "
+                "torchrun, or call torch.distributed.init_process_group) or group= a "
+                "meshlayout.torch.sync_group"
             )
         for what, m in (("src", src), ("dst", dst)):
             if m is not None and not isinstance(m, Mapping):
@@ -151,13 +165,16 @@ class WeightTransfer:
                 "WeightTransfer: this rank passes neither source tensors nor destination "
                 "specs; only ranks of the union of both sides call it"
             )
-        me = dist.get_rank()
+        me = dist.get_rank() if group is None else group.rank
         self.rank = me
-        self.timeout = as_timedelta(timeout, _c10d.default_timeout())
+        self.group = group
+        default = _c10d.default_timeout() if group is None else group.timeout
+        self.timeout = as_timedelta(timeout, default)
         self._sources: dict[str, torch.Tensor] = {}
         src_meta: dict[str, tuple[ShardingSpec, str]] = {}
         for name, value in (src or {}).items():
-            local, spec = source_piece(name, value, me)
+            rank_map = None if group is None or not is_dtensor(value) else group.rank_map()
+            local, spec = source_piece(name, value, me, rank_map)
             self._sources[name] = local
             src_meta[name] = (spec, dtype_name(local.dtype))
         dst_meta: dict[str, tuple[ShardingSpec, str | None]] = {}
@@ -166,7 +183,9 @@ class WeightTransfer:
             if me not in spec.mesh:
                 raise ValueError(f"dst[{name!r}]: rank {me} is not in its mesh {spec.mesh!r}")
             dst_meta[name] = (spec, None if dtype is None else dtype_name(dtype))
-        self.members, (src_all, dst_all) = exchange(me, (src_meta, dst_meta), self.timeout)
+        self.members, (src_all, dst_all) = exchange(me, (src_meta, dst_meta), self.timeout, group)
+        if group is not None:
+            check_members(group, self.members, "WeightTransfer")
         self.src_specs: dict[str, ShardingSpec] = {n: s for n, (s, _) in src_all.items()}
         self.dst_specs: dict[str, ShardingSpec] = {n: s for n, (s, _) in dst_all.items()}
         self.dst_dtypes: dict[str, torch.dtype] = {
@@ -196,6 +215,8 @@ class WeightTransfer:
         first = next(iter(self._sources.values()), None)
         if first is not None:
             self.device = first.device
+        elif group is not None:
+            self.device = group.device
         elif str(dist.get_backend()) == "nccl":
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
@@ -204,8 +225,11 @@ class WeightTransfer:
         recv_max = max((sum(r.recv_sizes) for r in self._rounds), default=0)
         self.send_buffer = torch.empty(send_max, dtype=torch.uint8, device=self.device)
         self.recv_buffer = torch.empty(recv_max, dtype=torch.uint8, device=self.device)
-        group = get_group(self.members, timeout=self.timeout, group_desc="meshlayout_transfer")
-        self._bounded = Bounded(group, self.members, self.timeout, "WeightTransfer")
+        if group is None:
+            pg = get_group(self.members, timeout=self.timeout, group_desc="meshlayout_transfer")
+            self._bounded = Bounded(pg, self.members, self.timeout, "WeightTransfer")
+        else:
+            self._bounded = Bounded(group.pg, self.members, self.timeout, "WeightTransfer", group)
         self._verify_info: dict[str, tuple[bool, int, int]] | None = None
         self._fingerprinter = Fingerprinter()
 
@@ -423,7 +447,7 @@ def transfer(
     """One shot: ``WeightTransfer(src, dst, ...).run(out=..., verify=...)``.
 
     Keyword arguments ``out`` and ``verify`` go to :meth:`WeightTransfer.run`, the
-    others (``bucket_bytes``, ``ranks_per_host``, ``timeout``) to the constructor.
+    others (``bucket_bytes``, ``ranks_per_host``, ``timeout``, ``group``) to the constructor.
     """
     run_kw = {k: kw.pop(k) for k in ("out", "verify", "src_tensors") if k in kw}
     return WeightTransfer(src, dst, **kw).run(**run_kw)

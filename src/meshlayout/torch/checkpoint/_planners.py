@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import io
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -72,16 +72,26 @@ def _spec(shape: tuple[int, ...], mesh: Mesh, placements: tuple[Any, ...]) -> Sh
     return ShardingSpec.from_torch(shape, mesh, placements)
 
 
-def dtensor_spec(tensor: DTensor) -> ShardingSpec:
+def dtensor_spec(tensor: DTensor, *, rank_map: Mapping[int, int] | None = None) -> ShardingSpec:
     """The :class:`ShardingSpec` of a DTensor over its concrete device mesh (global ranks).
 
     ``_StridedShard`` lists are read in the nested shard order (FSDP2 / TP /
     redistribute), see ``docs/checkpoint.md``. Cached per (shape, mesh, placements).
+    ``rank_map``: global rank -> rank of another group (a sync group), applied to the
+    mesh; a rank it lacks raises ``KeyError``.
     """
     if not isinstance(tensor, DTensor):
         raise TypeError(f"expected a DTensor, got {type(tensor).__name__}")
     dm = tensor.device_mesh
     ranks = tuple(int(r) for r in dm.mesh.reshape(-1).tolist())
+    if rank_map is not None:
+        absent = [r for r in ranks if r not in rank_map]
+        if absent:
+            raise KeyError(
+                f"the DTensor's mesh holds ranks {absent[:16]} of this process's default "
+                f"group that did not join the group (joined: {sorted(rank_map)[:16]})"
+            )
+        ranks = tuple(rank_map[r] for r in ranks)
     names = tuple(dm.mesh_dim_names) if dm.mesh_dim_names else None
     mesh = _mesh(tuple(int(s) for s in dm.mesh.shape), names, ranks)
     shape = tuple(int(s) for s in tensor.shape)
