@@ -48,9 +48,11 @@ __all__ = [
     "default_store",
     "default_timeout",
     "device_mesh_over_groups",
+    "dispatch_mode",
     "is_registered",
     "local_tensor",
     "options_fields",
+    "root_mesh",
     "stateless_group",
 ]
 
@@ -245,6 +247,22 @@ def device_mesh_over_groups(
     for g in groups:
         tdm._pg_registry[g.group_name] = g
     return tdm
+
+
+def dispatch_mode() -> Any:
+    """torch's ``TorchDispatchMode`` base class (``torch.utils._python_dispatch``): the
+    vLLM backend records weight loaders' copies with it. Checked on 2.13.0."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
+def root_mesh(device_mesh: Any) -> Any:
+    """The mesh ``device_mesh`` was sliced from (itself if none): ``_get_root_mesh``.
+
+    Checked on 2.13.0.
+    """
+    return device_mesh._get_root_mesh()
 
 
 def local_tensor(dtensor: Any) -> torch.Tensor:

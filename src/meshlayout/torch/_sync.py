@@ -38,7 +38,7 @@ from . import _c10d
 from ._errors import RankTimeoutError, format_ranks
 from ._store import as_timedelta, gather_arrivals
 
-__all__ = ["SyncGroup", "sync_group"]
+__all__ = ["SyncGroup", "open_store", "sync_group"]
 
 _BACKENDS = ("gloo", "nccl")
 _PREFIX = "meshlayout/sync"
@@ -133,6 +133,7 @@ def sync_group(
     *,
     backend: str = "gloo",
     timeout: timedelta | float | None = None,
+    store: _c10d.Store | None = None,
 ) -> SyncGroup:
     """Join (rank 0: create) the sync group at ``master_address:master_port``.
 
@@ -140,6 +141,9 @@ def sync_group(
     ``rank`` in ``[0, world_size)``; rank 0 hosts the store. Blocks until every member
     has arrived, at most ``timeout`` (seconds or ``timedelta``; default c10d's for
     the backend), which also bounds every later wait and collective on the group.
+    ``store``: a store every member already reaches (e.g. one a rendezvous used to
+    learn ``world_size``) to use instead of opening one at the address (which then
+    only names it in messages).
     """
     if not isinstance(master_address, str) or not master_address:
         raise TypeError(f"sync_group: master_address must be a host name, got {master_address!r}")
@@ -150,23 +154,8 @@ def sync_group(
         raise ValueError(f"sync_group: backend must be one of {_BACKENDS}, got {backend!r}")
     td = as_timedelta(timeout, _c10d.default_timeout(backend))
     where = f"{master_address}:{master_port}"
-    try:
-        store = _c10d.TCPStore(
-            master_address,
-            master_port,
-            world_size,
-            is_master=rank == 0,
-            timeout=td,
-            wait_for_workers=False,
-        )
-    except Exception as exc:
-        if rank == 0:
-            raise OSError(f"sync_group: rank 0 cannot host the store at {where}: {exc}") from exc
-        raise RankTimeoutError(
-            f"sync_group: rank {rank} found no store at {where} within "
-            f"{td.total_seconds():g}s (rank 0 hosts it): {exc}",
-            missing=[0],
-        ) from exc
+    if store is None:
+        store = open_store(master_address, master_port, rank == 0, td)
     token = uuid.uuid4().hex
     claimed = store.compare_set(f"{_PREFIX}/claim/{rank}", "", token).decode()
     if claimed != token:
@@ -184,6 +173,25 @@ def sync_group(
     name = f"meshlayout_sync_{world_size}_{master_port}"
     pg = _c10d.stateless_group(store, rank, world_size, backend, td, name)
     return SyncGroup(store, pg, rank, world_size, backend, td, name)
+
+
+def open_store(address: str, port: int, host: bool, timeout: timedelta) -> _c10d.Store:
+    """The ``TCPStore`` at ``address:port``: hosted here when ``host``, else joined
+    (retrying until ``timeout``); errors name the address."""
+    where = f"{address}:{port}"
+    try:
+        store: _c10d.Store = _c10d.TCPStore(
+            address, port, is_master=host, timeout=timeout, wait_for_workers=False
+        )
+    except Exception as exc:
+        if host:
+            raise OSError(f"sync_group: cannot host the store at {where}: {exc}") from exc
+        raise RankTimeoutError(
+            f"sync_group: found no store at {where} within {timeout.total_seconds():g}s "
+            f"(rank 0 hosts it): {exc}",
+            missing=[0],
+        ) from exc
+    return store
 
 
 def _compare_params(store: _c10d.Store, rank: int, mine: str, where: str, td: timedelta) -> None:

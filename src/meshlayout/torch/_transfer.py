@@ -124,6 +124,9 @@ class WeightTransfer:
     receives, per round (its send and receive buffers are at most that big);
     ``ranks_per_host``: prefer same-host senders among replicas; ``timeout`` (seconds
     or ``timedelta``; default c10d's) bounds every wait and collective.
+    ``buffers``: a ``(send, receive)`` pair of 1-d uint8 tensors to use instead of
+    allocating (transfers that run one after another may share one pair of
+    ``bucket_bytes`` each); ValueError if one is smaller than this transfer needs.
 
     ``group``: a :class:`~meshlayout.torch.SyncGroup` (:func:`~meshlayout.torch.sync_group`)
     for two separately launched worlds (a trainer's and an inference engine's): ranks
@@ -146,6 +149,7 @@ class WeightTransfer:
         ranks_per_host: int | None = None,
         timeout: timedelta | float | None = None,
         group: SyncGroup | None = None,
+        buffers: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         if group is not None and not isinstance(group, SyncGroup):
             raise TypeError(
@@ -223,8 +227,11 @@ class WeightTransfer:
             self.device = torch.device("cpu")
         send_max = max((sum(r.send_sizes) for r in self._rounds), default=0)
         recv_max = max((sum(r.recv_sizes) for r in self._rounds), default=0)
-        self.send_buffer = torch.empty(send_max, dtype=torch.uint8, device=self.device)
-        self.recv_buffer = torch.empty(recv_max, dtype=torch.uint8, device=self.device)
+        if buffers is None:
+            self.send_buffer = torch.empty(send_max, dtype=torch.uint8, device=self.device)
+            self.recv_buffer = torch.empty(recv_max, dtype=torch.uint8, device=self.device)
+        else:
+            self.send_buffer, self.recv_buffer = _shared_buffers(buffers, send_max, recv_max)
         if group is None:
             pg = get_group(self.members, timeout=self.timeout, group_desc="meshlayout_transfer")
             self._bounded = Bounded(pg, self.members, self.timeout, "WeightTransfer")
@@ -264,7 +271,8 @@ class WeightTransfer:
         (default: the pieces given at construction; they may have changed in place).
         ``out``: name -> preallocated destination piece (shape of the spec's local
         piece, the destination dtype; any strides, e.g. a view into a fused
-        parameter), filled in place and returned; default: new tensors.
+        parameter), filled in place and returned; any subset of this rank's
+        destination tensors (those not named are returned as new tensors).
         ``verify``: compare fingerprints with one extra all-reduce and raise
         :class:`~meshlayout.torch.TransferVerificationError` on every rank on a
         mismatch.
@@ -317,14 +325,13 @@ class WeightTransfer:
             }
         if not isinstance(out, Mapping):
             raise TypeError(f"out must be a mapping name -> tensor, got {out!r}")
-        missing = [n for n in self._dst_names if n not in out]
         extra = [n for n in out if n not in self._dst_names]
-        if missing or extra:
+        if extra:
             raise KeyError(
-                f"out on rank {me}: missing {missing[:10]}, not destination tensors of this "
-                f"rank {extra[:10]}"
+                f"out on rank {me}: not destination tensors of this rank {extra[:10]} "
+                f"(they are {list(self._dst_names)[:10]})"
             )
-        for name in self._dst_names:
+        for name in out:
             t = out[name]
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"out[{name!r}] must be a tensor, got {type(t).__name__}")
@@ -334,7 +341,12 @@ class WeightTransfer:
                     f"out[{name!r}] on rank {me} is {t.dtype} {tuple(t.shape)}; the destination "
                     f"piece is {self.dst_dtypes[name]} {want}"
                 )
-        return dict(out)
+        given = dict(out)
+        for n in self._dst_names:  # the destinations not named: new tensors
+            if n not in given:
+                shape = self.dst_specs[n].local_shape(me)
+                given[n] = torch.empty(shape, dtype=self.dst_dtypes[n], device=self.device)
+        return given
 
     def _pack(self, rnd: _Round, srcs: Mapping[str, torch.Tensor], send: torch.Tensor) -> None:
         for item in rnd.sends:
@@ -435,6 +447,27 @@ class WeightTransfer:
             )
 
 
+def _shared_buffers(
+    buffers: object, send_max: int, recv_max: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if not (
+        isinstance(buffers, tuple)
+        and len(buffers) == 2
+        and all(isinstance(b, torch.Tensor) for b in buffers)
+    ):
+        raise TypeError(f"buffers must be a (send, receive) pair of tensors, got {buffers!r}")
+    send, recv = buffers
+    for what, buf, need in (("send", send, send_max), ("receive", recv, recv_max)):
+        if buf.dtype != torch.uint8 or buf.dim() != 1 or not buf.is_contiguous():
+            raise ValueError(f"the {what} buffer must be a contiguous 1-d uint8 tensor")
+        if buf.numel() < need:
+            raise ValueError(
+                f"the {what} buffer holds {buf.numel()} bytes; this transfer's largest "
+                f"round needs {need} (at most bucket_bytes)"
+            )
+    return send, recv
+
+
 def _byte_shape(region: torch.Tensor) -> tuple[int, ...]:
     shape = list(region.shape)
     shape[-1] *= region.element_size()
@@ -447,7 +480,8 @@ def transfer(
     """One shot: ``WeightTransfer(src, dst, ...).run(out=..., verify=...)``.
 
     Keyword arguments ``out`` and ``verify`` go to :meth:`WeightTransfer.run`, the
-    others (``bucket_bytes``, ``ranks_per_host``, ``timeout``, ``group``) to the constructor.
+    others (``bucket_bytes``, ``ranks_per_host``, ``timeout``, ``group``, ``buffers``) to the
+    constructor.
     """
     run_kw = {k: kw.pop(k) for k in ("out", "verify", "src_tensors") if k in kw}
     return WeightTransfer(src, dst, **kw).run(**run_kw)

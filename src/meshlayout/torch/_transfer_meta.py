@@ -45,7 +45,7 @@ __all__ = [
 def _spec_of_dtensor(value: Any, rank_map: Mapping[int, int] | None) -> ShardingSpec:
     from .checkpoint._planners import dtensor_spec  # DTensor users have DCP loaded
 
-    return dtensor_spec(value, rank_map=rank_map)
+    return dtensor_spec(value, rank_map=rank_map, root=True)
 
 
 def is_dtensor(value: object) -> bool:
