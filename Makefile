@@ -57,7 +57,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m pip install --quiet $(VLLM_PINS)
 	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	$(VLLM_PY) -m pip install --quiet --no-deps -e .
-	$(VLLM_PY) -m pip install --quiet "pytest>=7" "pytest-timeout>=2" "safetensors>=0.4.3" "tqdm>=4.60" "$(TORCH_PIN)"
+	$(VLLM_PY) -m pip install --quiet "pytest>=7" "pytest-timeout>=2" "hypothesis>=6" "safetensors>=0.4.3" "tqdm>=4.60" "$(TORCH_PIN)"
 	touch $(VLLM_STAMP)
 
 # The vLLM end-to-end tests (one engine per module; files named test_vllm_*.py).
