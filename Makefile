@@ -62,7 +62,7 @@ $(VLLM_STAMP): pyproject.toml
 
 # The vLLM end-to-end tests (one engine per module; files named test_vllm_*.py).
 pytest-vllm: setup-vllm
-	$(VLLM_PY) -m pytest -q -p no:randomly -p no:cacheprovider -o addopts="-ra --strict-markers" tests/test_vllm_e2e.py
+	$(VLLM_PY) -m pytest -q -p no:randomly -p no:cacheprovider -o addopts="-ra --strict-markers" tests/test_vllm_e2e.py tests/test_vllm_serve.py
 
 test: lint typecheck pytest pytest-vllm
 

