@@ -66,13 +66,8 @@ def worker_stats(worker: Any) -> dict[str, Any]:
     eng = worker.weight_transfer_engine
     stats = dict(getattr(eng, "last_stats", {}))
     derived = getattr(eng, "_derived", None)
-    if derived is not None:
-        d = derived[1]
-        stats["shard_bytes"] = 4 * sum(_numel(c.src) for c in d.copies.values())
-    else:  # the baseline: its shards are what the model holds
-        stats["shard_bytes"] = 4 * sum(
-            p.numel() for p in worker.model_runner.get_model().parameters()
-        )
+    if derived is not None:  # the meshlayout engine: the boxes its model needs
+        stats["shard_bytes"] = 4 * sum(_numel(c.src) for c in derived[1].copies.values())
     return stats
 
 
@@ -197,12 +192,12 @@ def main() -> None:
             json.dump(results, f, indent=1, default=str)
     mib = 2**20
     rows = {}
+    # a worker's shards: what the meshlayout derivation says it holds (the same engine)
+    shards = [w["shard_bytes"] for w in results["meshlayout"][0]["workers"]]
     for backend, res in results.items():
         r0 = res[0]
         t = statistics.median(r0["times"])
-        workers = r0["workers"]
-        recv = [w.get("bytes_received", 0) for w in workers]
-        shards = [w["shard_bytes"] for w in workers]
+        recv = [w.get("bytes_received", 0) for w in r0["workers"]]
         wextra = max(max(x) for x in r0["worker_extra"])
         textra = max(max(r["trainer_extra"]) for r in res)
         phases = {k: statistics.median(p[k] for p in r0["phases"]) for k in r0["phases"][0]}

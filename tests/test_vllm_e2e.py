@@ -14,7 +14,6 @@ and the engine must generate exactly what it generated before.
 from __future__ import annotations
 
 import importlib.util
-import socket
 from typing import Any
 
 import pytest
@@ -30,13 +29,6 @@ from multiproc import run_multiproc
 pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(1800)]
 
 
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def offline(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict[str, Any]]]:
     model_dir = str(tmp_path_factory.mktemp("tiny-llama"))
@@ -45,7 +37,7 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict[st
         e2e.trainer,
         4,
         model_dir,
-        _port(),
+        e2e.free_port(),
         {"kind": "llm"},
         2,
         True,

@@ -14,7 +14,6 @@ exactly what it served before.
 from __future__ import annotations
 
 import importlib.util
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,19 +30,12 @@ from multiproc import run_multiproc
 pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(1800)]
 
 
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     root = tmp_path_factory.mktemp("serve")
     model_dir = str(root / "tiny-llama")
     e2e.make_model(model_dir)
-    port = _port()
+    port = e2e.free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = str(root / "server.log")
     proc = e2e.start_server(model_dir, port, log_path)
@@ -53,7 +45,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list
             e2e.trainer,
             4,
             model_dir,
-            _port(),
+            e2e.free_port(),
             {"kind": "http", "url": url, "model": model_dir},
             2,
             False,

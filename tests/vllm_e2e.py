@@ -43,6 +43,15 @@ ENGINE_ENV = {
 }
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 def make_model(path: str, tie: bool = False) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -33,10 +33,10 @@ import torch
 
 from ..mesh import Mesh
 from ..sharding import Replicate, Shard, ShardingSpec
-from ..torch import RankTimeoutError, SyncGroup
+from ..torch import RankTimeoutError, SyncGroup, WeightTransfer
 from ..torch._transfer_meta import dtype_name, dtype_of
 
-__all__ = ["Layout", "Manifest", "agree", "dst_spec_for", "layer_groups"]
+__all__ = ["Layout", "Manifest", "agree", "dst_spec_for", "layer_groups", "transfers"]
 
 Box = tuple[tuple[int, int], ...]
 Manifest = list[tuple[str, tuple[int, ...], str]]  # (name, global shape, dtype name)
@@ -222,6 +222,35 @@ def layer_groups(names: Sequence[str]) -> list[list[str]]:
             stacks.setdefault((".".join(parts[:idx]), int(parts[idx])), []).append(name)
     groups = [stacks[k] for k in sorted(stacks)]
     return groups + ([rest] if rest else [])
+
+
+Transfers = list[tuple[list[str], WeightTransfer]]
+
+
+def transfers(
+    layout: Layout,
+    sg: SyncGroup,
+    bucket_bytes: int,
+    buffers: tuple[torch.Tensor, torch.Tensor],
+    src_of: Callable[[list[str]], dict[str, Any] | None],
+    dst_of: Callable[[list[str]], dict[str, Any] | None],
+) -> Transfers:
+    """One :class:`~meshlayout.torch.WeightTransfer` per layer group, in group order, all
+    sharing ``buffers`` (a side passes its sources or destinations per group)."""
+    return [
+        (
+            names,
+            WeightTransfer(
+                src_of(names),
+                dst_of(names),
+                bucket_bytes=bucket_bytes,
+                timeout=sg.timeout,
+                group=sg,
+                buffers=buffers,
+            ),
+        )
+        for names in layout.groups
+    ]
 
 
 def manifest_of(named: Mapping[str, torch.Tensor]) -> Manifest:

@@ -230,18 +230,15 @@ class MeshlayoutTrainerEngine(TrainerWeightTransferEngine[MeshlayoutTrainerInitI
         if self._transfers is not None and self._transfers[0] == layout.digest:
             return self._transfers[1]
         assert isinstance(self.source, ShardedSource)
-        built = []
-        for names in layout.groups:
-            src = self.source.sources(names, self.sg)
-            wt = WeightTransfer(
-                src or None,
-                None,
-                bucket_bytes=self.info.bucket_bytes,
-                timeout=self.sg.timeout,
-                group=self.sg,
-                buffers=self._buffers,
-            )
-            built.append((names, wt))
+        source, sg = self.source, self.sg
+        built = _session.transfers(
+            layout,
+            sg,
+            self.info.bucket_bytes,
+            self._buffers,
+            lambda names: source.sources(names, sg) or None,
+            lambda names: None,
+        )
         self._transfers = (layout.digest, built)
         return built
 

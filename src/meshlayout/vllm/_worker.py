@@ -85,7 +85,7 @@ class MeshlayoutWeightTransferEngine(
         self.info: MeshlayoutWorkerInitInfo | None = None
         self._derived: tuple[str, Derivation] | None = None
         self._transfers: tuple[str, list[tuple[list[str], WeightTransfer]]] | None = None
-        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._buffers = (torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.uint8))
         self._reload: Reload | None = None
         self._tied: list[str] = []
         self.last_stats: dict[str, Any] = {}
@@ -208,18 +208,14 @@ class MeshlayoutWeightTransferEngine(
         assert self.sg is not None and self.info is not None
         if self._transfers is not None and self._transfers[0] == layout.digest:
             return self._transfers[1]
-        built = []
-        for names in layout.groups:
-            dst = {n: (layout.specs[n], dtype_of(layout.dtypes[n])) for n in names}
-            wt = WeightTransfer(
-                None,
-                dst,
-                bucket_bytes=self.info.bucket_bytes,
-                timeout=self.sg.timeout,
-                group=self.sg,
-                buffers=self._buffers,
-            )
-            built.append((names, wt))
+        built = _session.transfers(
+            layout,
+            self.sg,
+            self.info.bucket_bytes,
+            self._buffers,
+            lambda names: None,
+            lambda names: {n: (layout.specs[n], dtype_of(layout.dtypes[n])) for n in names},
+        )
         self._transfers = (layout.digest, built)
         return built
 
