@@ -170,7 +170,7 @@ def dst_spec_for(shape: tuple[int, ...], boxes: Mapping[int, Box | None]) -> Sha
     spec's own offsets and shapes.
 
     >>> dst_spec_for((10, 4), {2: ((0, 5), (0, 4)), 3: ((5, 10), (0, 4))})
-    ShardingSpec((10, 4), Mesh(shard=2, rep=1; ranks=[2, 3]), [Shard(dim=0), Replicate()])
+    ShardingSpec(global_shape=(10, 4), mesh=Mesh(shard=2, rep=1, ranks=range(2, 4)), placements=(Shard(dim=0), Replicate()))
     >>> dst_spec_for((10, 4), {2: ((0, 6), (0, 4)), 3: ((6, 10), (0, 4))}) is None
     True
     """
@@ -204,12 +204,14 @@ def dst_spec_for(shape: tuple[int, ...], boxes: Mapping[int, Box | None]) -> Sha
 
 def layer_groups(names: Sequence[str]) -> list[list[str]]:
     """Names grouped by their outermost layer index (as vLLM's ``layerwise_groups``
-    keys them), layers in order, then one group of the names under no layer
-    (embeddings, final norm, head); a pure function of the name set, so both sides
-    agree. A group is what one transfer moves before its layers are processed.
+    keys them), layers in order, then the names under no layer; a pure function of
+    the name set, so both sides
+    agree. A group is what one transfer moves before its layers are processed; the
+    names under no layer (embeddings, final norm, head: the largest tensors) are a group
+    each, so a worker materialises one of them at a time.
 
     >>> layer_groups(["lm_head.w", "model.layers.10.a", "model.embed.w", "model.layers.2.b"])
-    [['model.layers.2.b'], ['model.layers.10.a'], ['lm_head.w', 'model.embed.w']]
+    [['model.layers.2.b'], ['model.layers.10.a'], ['lm_head.w'], ['model.embed.w']]
     """
     rest: list[str] = []
     stacks: dict[tuple[str, int], list[str]] = {}
@@ -220,8 +222,7 @@ def layer_groups(names: Sequence[str]) -> list[list[str]]:
             rest.append(name)
         else:
             stacks.setdefault((".".join(parts[:idx]), int(parts[idx])), []).append(name)
-    groups = [stacks[k] for k in sorted(stacks)]
-    return groups + ([rest] if rest else [])
+    return [stacks[k] for k in sorted(stacks)] + [[name] for name in rest]
 
 
 Transfers = list[tuple[list[str], WeightTransfer]]
