@@ -147,6 +147,8 @@ def bench_rank(
     if llm is not None:
         out["workers"] = llm.collective_rpc(worker_stats)
     engine.shutdown()
+    if llm is not None:
+        vllm_e2e.shutdown_llm(llm)
     return out
 
 

@@ -135,41 +135,51 @@ def trainer(
         else:
             sync_client = HTTPVLLMWeightSyncClient(client["url"], timeout=600)
             out["before"] = generate_http(client["url"], client["model"])
-    info = MeshlayoutTrainerInitInfo(
-        master_address="127.0.0.1",
-        master_port=port,
-        rank=rank,
-        world_size=world,
-        bucket_bytes=1 << 16,
-        verify=verify,
-        timeout_s=240.0,
-    )
-    engine = WeightTransferTrainerFactory.trainer_init(
-        info, client=sync_client, source=ShardedSource(model)
-    )
-    out["full"] = []
-    out["stats"] = []
-    out["generated"] = []
-    for k in range(steps):
-        for p in model.parameters():
-            step(p, k)
-        engine.send_weights()
-        out["stats"].append(engine.last_stats)
-        full = full_weights(model)
-        if rank == 0:
-            out["full"].append({n: t.clone() for n, t in full.items()})
+    try:
+        info = MeshlayoutTrainerInitInfo(
+            master_address="127.0.0.1",
+            master_port=port,
+            rank=rank,
+            world_size=world,
+            bucket_bytes=1 << 16,
+            verify=verify,
+            timeout_s=240.0,
+        )
+        engine = WeightTransferTrainerFactory.trainer_init(
+            info, client=sync_client, source=ShardedSource(model)
+        )
+        out["full"] = []
+        out["stats"] = []
+        out["generated"] = []
+        for k in range(steps):
+            for p in model.parameters():
+                step(p, k)
+            engine.send_weights()
+            out["stats"].append(engine.last_stats)
+            full = full_weights(model)
+            if rank == 0:
+                out["full"].append({n: t.clone() for n, t in full.items()})
+                if llm is not None:
+                    out["generated"].append(generate_llm(llm))
+                else:
+                    out["generated"].append(generate_http(client["url"], client["model"]))
+        if mismatch:
+            out["mismatch"] = _mismatch(engine, model)
             if llm is not None:
-                out["generated"].append(generate_llm(llm))
-            else:
-                out["generated"].append(generate_http(client["url"], client["model"]))
-    if mismatch:
-        out["mismatch"] = _mismatch(engine, model)
+                out["after_mismatch"] = generate_llm(llm)
+            elif rank == 0:
+                out["after_mismatch"] = generate_http(client["url"], client["model"])
+        engine.shutdown()
+    finally:
         if llm is not None:
-            out["after_mismatch"] = generate_llm(llm)
-        elif rank == 0:
-            out["after_mismatch"] = generate_http(client["url"], client["model"])
-    engine.shutdown()
+            shutdown_llm(llm)
     return out
+
+
+def shutdown_llm(llm: Any) -> None:
+    """Stop an offline LLM's engine processes now: the harness may kill this process
+    before vLLM's own exit hooks run, which would leave them orphaned."""
+    llm.llm_engine.engine_core.shutdown(timeout=60)
 
 
 def _mismatch(engine: Any, model: Any) -> Any:
