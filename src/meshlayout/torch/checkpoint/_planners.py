@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import io
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -72,20 +72,54 @@ def _spec(shape: tuple[int, ...], mesh: Mesh, placements: tuple[Any, ...]) -> Sh
     return ShardingSpec.from_torch(shape, mesh, placements)
 
 
-def dtensor_spec(tensor: DTensor) -> ShardingSpec:
+def _on_root(dm: Any, placements: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+    """A sub-mesh's DTensor seen on its root mesh: ``Replicate`` along the root dims the
+    sub-mesh lacks (its values are replicated there, e.g. a norm under FSDP2 over the
+    dp dims of a dp x tp mesh). Unchanged when the names do not map (flattened dims)."""
+    from torch.distributed.tensor import Replicate
+
+    from .._c10d import root_mesh
+
+    root = root_mesh(dm)
+    if root is dm or root is None or not dm.mesh_dim_names or not root.mesh_dim_names:
+        return dm, placements
+    names = list(root.mesh_dim_names)
+    if not set(dm.mesh_dim_names) <= set(names):
+        return dm, placements
+    by_name = dict(zip(dm.mesh_dim_names, placements))
+    return root, tuple(by_name.get(n, Replicate()) for n in names)
+
+
+def dtensor_spec(
+    tensor: DTensor, *, rank_map: Mapping[int, int] | None = None, root: bool = False
+) -> ShardingSpec:
     """The :class:`ShardingSpec` of a DTensor over its concrete device mesh (global ranks).
 
     ``_StridedShard`` lists are read in the nested shard order (FSDP2 / TP /
     redistribute), see ``docs/checkpoint.md``. Cached per (shape, mesh, placements).
+    ``rank_map``: global rank -> rank of another group (a sync group), applied to the
+    mesh; a rank it lacks raises ``KeyError``. ``root``: describe a DTensor of a
+    sliced mesh over the mesh it was sliced from (``Replicate`` along the other dims),
+    so replicas on several sub-meshes share one spec.
     """
     if not isinstance(tensor, DTensor):
         raise TypeError(f"expected a DTensor, got {type(tensor).__name__}")
     dm = tensor.device_mesh
+    placements = tuple(tensor.placements)
+    if root:
+        dm, placements = _on_root(dm, placements)
     ranks = tuple(int(r) for r in dm.mesh.reshape(-1).tolist())
+    if rank_map is not None:
+        absent = [r for r in ranks if r not in rank_map]
+        if absent:
+            raise KeyError(
+                f"the DTensor's mesh holds ranks {absent[:16]} of this process's default "
+                f"group that did not join the group (joined: {sorted(rank_map)[:16]})"
+            )
+        ranks = tuple(rank_map[r] for r in ranks)
     names = tuple(dm.mesh_dim_names) if dm.mesh_dim_names else None
     mesh = _mesh(tuple(int(s) for s in dm.mesh.shape), names, ranks)
     shape = tuple(int(s) for s in tensor.shape)
-    placements = tuple(tensor.placements)
     try:
         return _spec(shape, mesh, placements)
     except TypeError:  # an unhashable placement: no caching
