@@ -4,7 +4,7 @@ The model's tensors come from what users have, headers only
 (:mod:`meshlayout.cli.model_tensors`: safetensors, a DCP checkpoint, a JSON list);
 each side is a mesh on global ranks plus placement rules by name pattern
 (:mod:`meshlayout.cli.rules`). The plan is :func:`meshlayout.sharding.transfer_plan`
-(DESIGN section 8), the one ``meshlayout.torch.WeightTransfer`` runs. Printed: bytes
+(``docs/transfer.md``), the one ``meshlayout.torch.WeightTransfer`` runs. Printed: bytes
 moved against gather-then-broadcast, rounds for the ``--bucket`` size against their
 lower bound, the busiest ranks, bytes across hosts, the byte matrix, the largest
 tensors; ``--format json`` the whole report (``docs/cli.md``), ``--svg``/``--html``

@@ -1,4 +1,4 @@
-"""Exact checkpoints on ``torch.distributed.checkpoint`` (DCP): DESIGN.md §7.
+"""Exact checkpoints on ``torch.distributed.checkpoint`` (DCP): ``docs/checkpoint.md``.
 
 Every DTensor is saved as the chunks its ranks really hold (the nested shard order
 of FSDP2 / TP / redistribute, read by :class:`~meshlayout.sharding.ShardingSpec`),
@@ -7,7 +7,7 @@ saved chunks overlapping it, on any mesh, any number of processes, or into plain
 tensors on one process. The files are standard DCP. See ``docs/checkpoint.md``.
 
 :func:`export_safetensors` writes any checkpoint that tiles as Hugging Face
-safetensors in one process, streaming (DESIGN.md §9); :func:`describe_checkpoint`
+safetensors in one process, streaming; :func:`describe_checkpoint`
 and :func:`describe_safetensors` report what a checkpoint or a safetensors model
 holds. Everything here that reads a checkpoint (but ``load``, which is DCP's reader)
 unpickles with an allow-list: safe on untrusted files.

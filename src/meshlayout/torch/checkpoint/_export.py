@@ -1,4 +1,6 @@
-"""``export_safetensors``: a DCP checkpoint to Hugging Face safetensors, streamed (DESIGN §9).
+"""``export_safetensors``: a DCP checkpoint to Hugging Face safetensors, streamed.
+
+See ``docs/checkpoint.md#export-to-hugging-face-safetensors``.
 
 One process, no process group. The plan is made and checked before anything is
 written: every selected tensor's saved chunks must tile it exactly
