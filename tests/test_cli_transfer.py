@@ -546,12 +546,50 @@ def test_json_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert rep["notes"] == []
 
 
-def test_unused_rules_are_noted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_rule_that_matches_no_tensor_is_an_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     model = write_json(tmp_path / "model.json", MODEL)
-    argv = small_argv(model, "--dst-rules", "*.q_proj.weight: S(0)")
+    code, out, err = run(small_argv(model, "--dst-rules", "*.q_prj.weight: S(0)"), capsys)
+    assert code == 2 and out == ""
+    assert err == (
+        "meshlayout transfer: error: --dst-rules '*.q_prj.weight: S(0)': rule 3 takes no "
+        "tensor: it matches no tensor name (the 7 names look like 'emb.weight'); fix the "
+        "pattern or the order, or pass --allow-unmatched-rules\n"
+    )
+
+
+def test_a_rule_shadowed_by_an_earlier_one_is_an_error_naming_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = write_json(tmp_path / "model.json", MODEL)
+    argv = small_argv(model, "--src-rules", "layers.1.q.weight: R,S(0)")
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("meshlayout transfer: error: --src-rules 'layers.1.q.weight: R,S(0)': ")
+    assert (
+        "rule 4 takes no tensor: every tensor it matches (1, e.g. 'layers.1.q.weight') takes "
+        "rule 1 ('*.q.weight,emb.weight: SS(0,2),S(0)') first" in err
+    )
+
+
+def test_allow_unmatched_rules_turns_the_error_into_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = write_json(tmp_path / "model.json", MODEL)
+    argv = small_argv(model, "--dst-rules", "*.q_prj.weight: S(0)", "--allow-unmatched-rules")
     code, out, err = run(argv, capsys)
     assert code == 0 and err == ""
-    assert "note: --dst-rules rule 3 (*.q_proj.weight: S(0)) matches no tensor it could take" in out
+    assert (
+        "note: --dst-rules rule 3 (*.q_prj.weight: S(0)) takes no tensor: it matches no "
+        "tensor name (the 7 names look like 'emb.weight')" in out
+    )
+    code, out, err = run([*argv, "--format", "json"], capsys)
+    assert code == 0 and err == ""
+    assert json.loads(out)["notes"] == [
+        "--dst-rules rule 3 (*.q_prj.weight: S(0)) takes no tensor: it matches no tensor "
+        "name (the 7 names look like 'emb.weight')"
+    ]
 
 
 def test_text_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -721,11 +759,14 @@ def test_docs_cli_output_is_what_the_command_prints(
 ) -> None:
     monkeypatch.chdir(ROOT)
     commands = _doc_commands(DOCS / "cli.md")
-    assert len(commands) >= 1
+    assert len(commands) >= 2
     for argv, want in commands:
         code, out, err = run(argv, capsys)
-        assert code == 0 and err == ""
-        assert out == want
+        if want.startswith("meshlayout transfer: error: "):  # an error shown in the docs
+            assert (code, out, err) == (2, "", want)
+        else:
+            assert code == 0 and err == ""
+            assert out == want
 
 
 def test_readme_tour_lines_are_real(

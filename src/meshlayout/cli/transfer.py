@@ -65,7 +65,9 @@ rules (--src-rules / --dst-rules, repeatable):
   PATTERNS: fnmatch patterns separated by ',' (case-sensitive); PLACEMENTS: one per
   mesh dim, S(d), SS(d,sf), R. A tensor takes the first matching rule, else
   --X-default (default: R on every mesh dim). A placement that does not fit a
-  tensor (S(1) on a 1-D bias) is an error naming the tensor and the rule.
+  tensor (S(1) on a 1-D bias) is an error naming the tensor and the rule, and so
+  is a rule that takes no tensor (a pattern typo such as *_prj.weight, or a rule
+  shadowed by an earlier one): --allow-unmatched-rules turns that into a note.
 --bucket: bytes each rank may send (and receive) per round: 4096, 256MiB, 1GiB,
   2GB (default 256MiB). --dst-dtype: the dtype on the wire and at the destination
   (default: each tensor's stored dtype).
@@ -100,6 +102,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             metavar="PLACEMENTS",
             help=f"{what} placements of tensors no rule matches (default: R on every dim)",
         )
+    p.add_argument(
+        "--allow-unmatched-rules",
+        action="store_true",
+        help="accept rules that take no tensor (default: an error naming the rule)",
+    )
     p.add_argument(
         "--dst-dtype", metavar="DTYPE", help="dtype on the wire and at the destination, e.g. bf16"
     )
@@ -198,6 +205,14 @@ def transfer_inputs(args: argparse.Namespace) -> TransferInputs:
     kind, tensors = _read_model(args.model)
     src = _side(args, tensors, "src")
     dst = _side(args, tensors, "dst")
+    if not args.allow_unmatched_rules:
+        for side, layout in (("src", src.layout), ("dst", dst.layout)):
+            for i in layout.unused_rules():
+                raise ArgError(
+                    f"--{side}-rules {shown(layout.rules[i].text)}: rule {i + 1} takes no "
+                    f"tensor: {layout.why_unused(i)}; fix the pattern or the order, or pass "
+                    "--allow-unmatched-rules"
+                )
     return TransferInputs(
         args.model, kind, tensors, src, dst, wire, bucket, args.bucket, args.ranks_per_host
     )
@@ -394,7 +409,9 @@ def _notes(inputs: TransferInputs) -> list[str]:
     for flag, side in (("--src-rules", inputs.src), ("--dst-rules", inputs.dst)):
         for i in side.layout.unused_rules():
             rule = side.layout.rules[i]
-            notes.append(f"{flag} rule {i + 1} ({rule.text}) matches no tensor it could take")
+            notes.append(
+                f"{flag} rule {i + 1} ({rule.text}) takes no tensor: {side.layout.why_unused(i)}"
+            )
     return notes
 
 
