@@ -293,6 +293,10 @@ BAD = [
     (["plan", "--world", "8", "--html", " "], "--html"),
     (["plan", "--world", "8", "--tp", "9" * 5000], "--tp"),  # past Python's int() digit limit
     (["plan"], "--world"),  # missing --world
+    (
+        ["plan", "--world", "12", "--tp", "2", "--ranks-per-host", "8"],
+        "--ranks-per-host 8 does not divide --world 12: the last host would hold 4 of 8 ranks",
+    ),
     (["mesh", "--shape", "pp=2,dp"], "--shape"),  # malformed --shape
     (["mesh", "--shape", "pp=0"], "--shape"),
     (["mesh", "--shape", f"a={HUGE}"], HUGE),

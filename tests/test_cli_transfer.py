@@ -434,7 +434,7 @@ def test_hsdp_source_against_brute_force(
     argv = ["transfer", str(model), "--src-mesh", "rep=2,dp=3", "--src-default", "R,S(0)"]
     argv += ["--src-rules", "scale: R,R", "--dst-mesh", "tp=3", "--dst-ranks", "2,5,6"]
     argv += ["--dst-rules", DST_RULES, "--dst-dtype", "f32", "--bucket", bucket]
-    rep = _json([*argv, "--ranks-per-host", "3"], capsys)
+    rep = _json([*argv, "--ranks-per-host", "3", "--world", "9"], capsys)
     src = ([2, 3], list(range(6)), [(["scale"], "R,R")], "R,S(0)")
     dst = ([3], [2, 5, 6], _rules(DST_RULES), "R")
     check_report(rep, MODEL, src, dst, "float32", rph=3)
@@ -467,7 +467,8 @@ def test_unique_holders_give_the_exact_matrix(
 
 def test_json_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = write_json(tmp_path / "model.json", MODEL)
-    rep = _json(small_argv(model, "--dst-dtype", "bf16", "--ranks-per-host", "4"), capsys)
+    argv = small_argv(model, "--dst-dtype", "bf16", "--ranks-per-host", "4", "--world", "8")
+    rep = _json(argv, capsys)
     assert list(rep) == [
         "schema",
         "model",
@@ -731,6 +732,13 @@ def _errors(tmp: Path) -> list[tuple[list[str], str]]:
         ),
         (with_flag("--svg", str(tmp)), "cannot write: Is a directory"),
         (with_flag("--ranks-per-host", "0"), "--ranks-per-host: must be >= 1"),
+        (
+            with_flag("--ranks-per-host", "4"),
+            "--ranks-per-host 4 does not divide the 6 ranks 0-5 the meshes span: the last host "
+            "would hold 2 of 4 ranks",
+        ),
+        ([*with_flag("--ranks-per-host", "4"), "--world", "10"], "does not divide --world 10"),
+        (with_flag("--world", "8"), "--world 8 applies with --ranks-per-host"),
     ]
 
 
@@ -843,7 +851,13 @@ def test_random_transfers_against_brute_force(
         argv += [f"{ranks[0]}:{ranks[-1] + 1}"]
         argv += [f"--{flag}-rules", "; ".join(f"{p[0]}: {pl}" for p, pl in rules)]
     if case["rph"]:
-        argv += ["--ranks-per-host", str(case["rph"])]
+        span = max(case["src"][1][-1], case["dst"][1][-1]) + 1
+        argv += [
+            "--ranks-per-host",
+            str(case["rph"]),
+            "--world",
+            str(-(-span // case["rph"]) * case["rph"]),
+        ]
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(argv)

@@ -194,6 +194,11 @@ def test_plan_report_matches_reference(cfg: dict[str, Any]) -> None:
     """Complete and sampled plan reports against the numpy reference, view by view."""
     pd, rank, rph = _pd(cfg), cfg["rank"], cfg["ranks_per_host"]
     ref = (cfg["world"], cfg["degrees"], cfg["order"], cfg["ranks"])
+    given = range(cfg["world"]) if cfg["ranks"] is None else cfg["ranks"]
+    if rph and cfg["world"] % rph and sorted(given) == list(range(cfg["world"])):
+        with pytest.raises(ValueError, match=f"does not divide the world of {cfg['world']} "):
+            plan_report(pd, rank=rank, ranks_per_host=rph)  # a partial last host: refused
+        return
     full = plan_report(pd, rank=rank, ranks_per_host=rph)
     sampled = plan_report(pd, rank=rank, ranks_per_host=rph, complete=False)
     assert json.loads(json.dumps(full)) == full

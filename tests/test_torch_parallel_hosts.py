@@ -84,6 +84,7 @@ def _scenarios(rank: int, world: int) -> dict[str, Any]:
     _as_torchrun("two", rank // 2)
     res["bad_env"] = _build(pd)[2]
     res["bad_argument"] = _build(pd, ranks_per_host=0)[2]
+    res["partial_host"] = _build(pd, ranks_per_host=3, check=False)[2]  # hosts of 3 and 1
 
     _as_torchrun(2, rank // 2)
     meshes, warned, error = _build(pd, check=False)
@@ -178,6 +179,10 @@ def test_hosts_from_torchrun_environment_checked_and_reported() -> None:
             "positive integer"
         )
         assert res["bad_argument"] == "ValueError: ranks_per_host must be >= 1, got 0"
+        assert res["partial_host"] == (
+            "ValueError: ranks_per_host=3 does not divide the world of 4 ranks: the last host "
+            "would hold 1 of 3 ranks (every host holds as many ranks)"
+        )
 
         unchecked = res["unchecked"]
         assert unchecked["error"] is None and not unchecked["hosts"].checked

@@ -34,7 +34,17 @@ from ..render import (
 from ..render._fmt import table
 from ..render.transfer_svg import byte_text, transfer_picture
 from ..sharding import ShardingSpec
-from .args import ArgError, build_mesh, int_arg, one_line, parse_size, shown, user_input
+from .args import (
+    ArgError,
+    add_world_argument,
+    build_mesh,
+    check_world_hosts,
+    int_arg,
+    one_line,
+    parse_size,
+    shown,
+    user_input,
+)
 from .model_tensors import DTYPES, TensorInfo, dtype_name, read_tensors
 from .output import add_output, busiest_rows, emit, too_large, write
 from .rules import Layout, layout_model, parse_rules
@@ -122,6 +132,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="ranks [k*N, (k+1)*N) form host k: prefer same-host senders, count cross-host bytes",
     )
+    add_world_argument(p)
     p.add_argument(
         "--largest",
         type=int_arg(minimum=0, maximum=10**6),
@@ -205,6 +216,7 @@ def transfer_inputs(args: argparse.Namespace) -> TransferInputs:
     kind, tensors = _read_model(args.model)
     src = _side(args, tensors, "src")
     dst = _side(args, tensors, "dst")
+    check_world_hosts(args, max(src.ranks[-1], dst.ranks[-1]))
     if not args.allow_unmatched_rules:
         for side, layout in (("src", src.layout), ("dst", dst.layout)):
             for i in layout.unused_rules():

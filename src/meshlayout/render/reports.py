@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..mesh import Mesh
+from ..mesh import Mesh, check_whole_hosts
 from ..sharding import (
     Placement,
     Replicate,
@@ -140,6 +140,9 @@ def plan_report(
     :class:`~meshlayout.MegatronDims` (anything :class:`PlanDims`).
     ``complete=False`` gives the sampled report :func:`plan_text` shows (any world
     size). Host counts need every group: :class:`TooLargeError` past LIST_LIMIT.
+    ``ranks_per_host`` must divide the world size when ``dims`` holds ranks
+    ``0..world_size-1`` (ValueError naming both otherwise); dims on other global ranks
+    are part of a larger job whose size is not known here.
 
     >>> from meshlayout import MegatronDims, ParallelDims
     >>> rep = plan_report(ParallelDims(16, tp=4), rank=5, ranks_per_host=8)
@@ -159,6 +162,8 @@ def plan_report(
     if complete or ranks_per_host is not None:
         what = f"every group of {len(names)} views of {world} ranks"
         check_size(world * len(names), what, "numbers")
+    if ranks_per_host is not None and _whole_job(dims):
+        check_whole_hosts(ranks_per_host, world)
     out_views: dict[str, Any] = {}
     for name in names:
         mesh = dims.mesh(name)
@@ -180,6 +185,12 @@ def plan_report(
         "rank": rank,
         "views": out_views,
     }
+
+
+def _whole_job(dims: PlanDims) -> bool:
+    """Whether ``dims`` holds exactly the global ranks ``0..world_size-1`` (in any order)."""
+    ranks = dims.dense.rank_map.to_numpy()
+    return bool(ranks.min() == 0 and ranks.max() == len(ranks) - 1)
 
 
 def _view_entry(

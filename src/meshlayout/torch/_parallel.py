@@ -30,7 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch.distributed as dist
 
-from ..mesh import Mesh
+from ..mesh import Mesh, check_whole_hosts
 from ..rank_map import RankMap
 from ..torchtitan_names import TORCHTITAN_NAMES
 from . import _c10d
@@ -294,7 +294,8 @@ def build(
     meshes returned; absent ranks are named in a :class:`RankTimeoutError`.
 
     Hosts: ``ranks_per_host`` consecutive ranks per host, default torchrun's
-    ``LOCAL_WORLD_SIZE`` (None outside torchrun: hosts unknown). With ``check``,
+    ``LOCAL_WORLD_SIZE`` (None outside torchrun: hosts unknown); it must divide the
+    world size (``ValueError`` naming both, at once on every rank). With ``check``,
     every rank reports its node (torchrun's ``GROUP_RANK``, or the host name) through
     the store and a host whose ranks are on different nodes, or two hosts on one
     node, makes every rank raise ``ValueError``. If ``tp`` (or ``etp``) groups cross
@@ -315,6 +316,13 @@ def build(
         raise TypeError(f"views must be a sequence of view names, e.g. [{views!r}]; got {views!r}")
     td = None if timeout is None else as_timedelta(timeout, _c10d.default_timeout())
     hosts = hosts_from_environment(ranks_per_host, os.environ)
+    if hosts is not None:  # every rank refuses at once, before any wait
+        check_whole_hosts(
+            hosts.ranks_per_host,
+            dist.get_world_size(),
+            hosts.source,
+            f"the world of {dist.get_world_size()} ranks",
+        )
     rank_map = parallel_dims.rank_map
     what = f"build({parallel_dims!r})"
     member = dist.get_rank() in rank_map
