@@ -193,6 +193,12 @@ def _whole_job(dims: PlanDims) -> bool:
     return bool(ranks.min() == 0 and ranks.max() == len(ranks) - 1)
 
 
+def _fewest_crossing(spans: Any) -> int:
+    """The fewest hosts a group touches among those touching several (1 when none does)."""
+    crossing = spans[spans > 1]
+    return int(crossing.min()) if crossing.size else 1
+
+
 def _view_entry(
     mesh: Mesh, rank: int | None, ranks_per_host: int | None, complete: bool
 ) -> dict[str, Any]:
@@ -209,6 +215,7 @@ def _view_entry(
         "group_hosts": None if spans is None or not complete else spans.tolist(),
         "hosts_spanned": None if spans is None else int(spans.max()),
         "crossing_groups": None if spans is None else int(np.count_nonzero(spans > 1)),
+        "crossing_hosts_min": None if spans is None else _fewest_crossing(spans),
         "rank": None,
     }
     if not complete:
