@@ -146,19 +146,5 @@ def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-def _exit(code: int) -> None:
-    """Leave with ``code`` once the verdict is printed and the process group destroyed.
-
-    Interpreter teardown can still abort a gloo worker process ("terminate called
-    without an active exception", SIGABRT: joinable C++ threads of torch's gloo
-    backend destroyed at finalisation; seen once on a loaded machine), which torchrun
-    would report as a failed worker after every check had passed. Nothing is left to
-    do here, so the streams are flushed and the process ends without that teardown.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    _exit(main())
+    sys.exit(main())  # a plain exit: meshlayout.torch drains gloo at exit (torch/_exit.py)

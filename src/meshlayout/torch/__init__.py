@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from . import _requirements  # noqa: F401  (first: explains a missing or old torch)
 from ._errors import MeshMismatchError, RankTimeoutError, TransferVerificationError
+from ._exit import drain_at_exit  # noqa: F401  (import registers the clean-exit drain)
 from ._mesh import DistributedMesh, init_mesh, mesh_fingerprint
 from ._parallel import HostLayoutWarning, ParallelMeshes, build, build_parallel_dims
 from ._reshard import reshard

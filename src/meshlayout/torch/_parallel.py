@@ -34,7 +34,7 @@ from ..mesh import Mesh, check_whole_hosts
 from ..rank_map import RankMap
 from ..torchtitan_names import TORCHTITAN_NAMES
 from . import _c10d
-from ._check import check_over_rank_map, rank_map_summary
+from ._check import check_in_world, check_over_rank_map, rank_map_summary
 from ._hosts import (
     IN_HOST_VIEWS,
     HostLayoutWarning,
@@ -312,17 +312,20 @@ def build(
         )
     if isinstance(views, str):
         raise TypeError(f"views must be a sequence of view names, e.g. [{views!r}]; got {views!r}")
+    rank_map = parallel_dims.rank_map
+    what = f"build({parallel_dims!r})"
+    world = dist.get_world_size()
+    check_in_world(
+        rank_map,
+        what,
+        world,
+        hint=f"choose degrees whose product is {world} (dp_shard=-1 infers it from the "
+        "world size), or launch that many processes",
+    )
     td = None if timeout is None else as_timedelta(timeout, _c10d.default_timeout())
     hosts = hosts_from_environment(ranks_per_host, os.environ)
     if hosts is not None:  # every rank refuses at once, before any wait
-        check_whole_hosts(
-            hosts.ranks_per_host,
-            dist.get_world_size(),
-            hosts.source,
-            f"the world of {dist.get_world_size()} ranks",
-        )
-    rank_map = parallel_dims.rank_map
-    what = f"build({parallel_dims!r})"
+        check_whole_hosts(hosts.ranks_per_host, world, hosts.source, f"the world of {world} ranks")
     member = dist.get_rank() in rank_map
     if check and member:
         fields = {

@@ -60,6 +60,7 @@ import torch.distributed as dist
 from ..sharding import ShardingSpec, TransferPlan, local_slices, pieces, run_boxes
 from ..sharding import transfer_plan as _transfer_plan
 from . import _c10d
+from ._check import check_in_world
 from ._collectives import Bounded, all_reduce, all_to_all
 from ._errors import TransferVerificationError
 from ._fingerprint import MASK64, Fingerprinter
@@ -166,6 +167,12 @@ class WeightTransfer:
             if me not in spec.mesh:
                 raise ValueError(f"dst[{name!r}]: rank {me} is not in its mesh {spec.mesh!r}")
             dst_meta[name] = (spec, None if dtype is None else dtype_name(dtype))
+        seen: set[int] = set()
+        for side, meta in (("src", src_meta), ("dst", dst_meta)):
+            for name, (spec, _) in meta.items():
+                if id(spec.mesh) not in seen:
+                    seen.add(id(spec.mesh))
+                    check_in_world(spec.mesh, f"WeightTransfer {side}[{name!r}]")
         self.members, (src_all, dst_all) = exchange(me, (src_meta, dst_meta), self.timeout)
         self.src_specs: dict[str, ShardingSpec] = {n: s for n, (s, _) in src_all.items()}
         self.dst_specs: dict[str, ShardingSpec] = {n: s for n, (s, _) in dst_all.items()}
@@ -240,7 +247,9 @@ class WeightTransfer:
         (default: the pieces given at construction; they may have changed in place).
         ``out``: name -> preallocated destination piece (shape of the spec's local
         piece, the destination dtype; any strides, e.g. a view into a fused
-        parameter), filled in place and returned; default: new tensors.
+        parameter), filled in place and returned. Any subset of this rank's
+        destination tensors (e.g. only the fused parameters): the others are returned
+        as new tensors.
         ``verify``: compare fingerprints with one extra all-reduce and raise
         :class:`~meshlayout.torch.TransferVerificationError` on every rank on a
         mismatch.
@@ -285,22 +294,25 @@ class WeightTransfer:
     def _outputs(self, out: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
         me = self.rank
         if out is None:
-            return {
-                n: torch.empty(
-                    self.dst_specs[n].local_shape(me), dtype=self.dst_dtypes[n], device=self.device
-                )
-                for n in self._dst_names
-            }
-        if not isinstance(out, Mapping):
+            out = {}
+        elif not isinstance(out, Mapping):
             raise TypeError(f"out must be a mapping name -> tensor, got {out!r}")
-        missing = [n for n in self._dst_names if n not in out]
         extra = [n for n in out if n not in self._dst_names]
-        if missing or extra:
+        if extra:
             raise KeyError(
-                f"out on rank {me}: missing {missing[:10]}, not destination tensors of this "
-                f"rank {extra[:10]}"
+                f"out on rank {me} names {extra[:10]}, which are not destination tensors of "
+                f"this rank; its destination tensors are {list(self._dst_names[:10])}"
+                + (" ..." if len(self._dst_names) > 10 else "")
             )
+        result: dict[str, torch.Tensor] = {}
         for name in self._dst_names:
+            if name not in out:  # not preallocated: a new tensor
+                result[name] = torch.empty(
+                    self.dst_specs[name].local_shape(me),
+                    dtype=self.dst_dtypes[name],
+                    device=self.device,
+                )
+                continue
             t = out[name]
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"out[{name!r}] must be a tensor, got {type(t).__name__}")
@@ -310,7 +322,8 @@ class WeightTransfer:
                     f"out[{name!r}] on rank {me} is {t.dtype} {tuple(t.shape)}; the destination "
                     f"piece is {self.dst_dtypes[name]} {want}"
                 )
-        return dict(out)
+            result[name] = t
+        return result
 
     def _pack(self, rnd: _Round, srcs: Mapping[str, torch.Tensor], send: torch.Tensor) -> None:
         for item in rnd.sends:
