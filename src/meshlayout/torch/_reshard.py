@@ -1,6 +1,6 @@
 """Reshard a tensor between two parallel configurations with one collective.
 
-:func:`reshard` executes :func:`meshlayout.sharding.reshard_plan` (DESIGN.md §6): the
+:func:`reshard` executes :func:`meshlayout.sharding.reshard_plan` (``docs/reshard.md``): the
 source and destination are two :class:`~meshlayout.sharding.ShardingSpec` of one
 global shape whose meshes may differ in shape, names and rank map, on rank sets that
 are equal, overlap or are disjoint (trainer FSDP -> inference TP weight sync, a job

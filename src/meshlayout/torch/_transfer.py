@@ -1,8 +1,8 @@
 """Move a whole model between parallel layouts: bounded rounds of one collective each.
 
-:class:`WeightTransfer` executes :func:`meshlayout.sharding.transfer_plan` (DESIGN.md
-§8): an RL trainer (FSDP2 + TP) pushing every parameter to inference workers (TP,
-often on other ranks) after each step, or a job restarted on another layout.
+:class:`WeightTransfer` executes :func:`meshlayout.sharding.transfer_plan`
+(``docs/transfer.md``): an RL trainer (FSDP2 + TP) pushing every parameter to inference
+workers (TP, often on other ranks) after each step, or a job restarted on another layout.
 
 Construction (collective over the union of both rank sets; other ranks do not call it):
 
@@ -112,7 +112,7 @@ def _unlimb(limbs: list[int]) -> int:
 
 # ---------------------------------------------------------------------- the executor
 class WeightTransfer:
-    """A repeatable, exact transfer of a model between two parallel layouts (DESIGN §8).
+    """A repeatable, exact transfer of a model between two parallel layouts (``docs/transfer.md``).
 
     ``src``: on source ranks, name -> DTensor (FSDP2, TP, HSDP, ...) or ``(local
     piece, ShardingSpec)``; None elsewhere. ``dst``: on destination ranks, name ->

@@ -53,6 +53,7 @@ from torch.distributed.tensor import DTensor
 from ...mesh import Mesh
 from ...sharding import Box, Partial, RunBox, ShardingSpec, run_boxes
 from .._c10d import local_tensor
+from ._keys import CheckpointKeyError, missing_keys_message
 from ._plan import ChunkIndex, written_boxes
 
 __all__ = ["ExactLoadPlanner", "ExactSavePlanner", "dtensor_spec"]
@@ -290,7 +291,9 @@ class ExactLoadPlanner(DefaultLoadPlanner):
     :func:`dtensor_spec`) and plain tensors. Each destination element must be covered
     by exactly one saved chunk, else ``ValueError`` names the tensor, the box and what
     is missing or ambiguous (the default planner would keep stale values silently).
-    Keys, ``allow_partial_load``, non-tensor values and flattening are DCP's.
+    Keys, ``allow_partial_load``, non-tensor values and flattening are DCP's; a key the
+    checkpoint lacks raises ``KeyError`` naming it, what the checkpoint holds and, when
+    the nesting differs (a flat state dict against ``{"model": ...}``), the nesting.
 
     Usage: ``dcp.load(state_dict, checkpoint_id=path, planner=ExactLoadPlanner())``.
     """
@@ -307,7 +310,14 @@ class ExactLoadPlanner(DefaultLoadPlanner):
         self.state_dict = self._stand_ins
 
     def create_local_plan(self) -> LoadPlan:
-        plan = super().create_local_plan()
+        try:
+            plan = super().create_local_plan()
+        except RuntimeError:  # DCP's "Missing key in checkpoint state_dict": say which and why
+            stored = self._require_metadata().state_dict_metadata
+            missing = [k for k in self.state_dict if k not in stored]
+            if not missing:
+                raise
+            raise CheckpointKeyError(missing_keys_message(missing, list(stored))) from None
         if self.state_dict is not self._stand_ins:
             # The parent fell back to pre-2.4 key flattening and swapped the state dict.
             self._plain = self.state_dict
