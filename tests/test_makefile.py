@@ -34,7 +34,12 @@ def _would_run(project: Path, target: str) -> list[str]:
 
 
 def _installs(lines: list[str]) -> list[str]:
-    return [line for line in lines if "pip install" in line and "--upgrade pip" not in line]
+    """The installs into the development venv (.venv; the vLLM tests' venv is another)."""
+    return [
+        line
+        for line in lines
+        if line.startswith(".venv/bin/") and "pip install" in line and "--upgrade pip" not in line
+    ]
 
 
 def _installed(project: Path, *stamps: str) -> None:

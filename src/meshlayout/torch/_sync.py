@@ -1,4 +1,4 @@
-"""A process group of its own between separately launched worlds (DESIGN §8, "two worlds").
+"""A process group of its own between separately launched worlds (docs/transfer.md, "Two worlds").
 
 An RL trainer runs under torchrun (its own default process group); vLLM's workers
 have theirs (their TP world). Weights cross between them through a third group that

