@@ -11,8 +11,9 @@ run their collectives through this module instead:
 * **Failure path only.** When the collective raises (e.g. it timed out because a
   member never called it), this rank records under
   ``meshlayout/op/<default group #>/<group name>/<n>`` that it reached the ``n``-th
-  meshlayout collective on that group (on a sync group: under its own store), waits at most :func:`report_grace` for the
-  other members that reached it too (they fail at about the same time), and raises
+  meshlayout collective on that group (on a sync group: under its own store), waits
+  at most :func:`report_grace` for the other members that reached it too (they fail
+  at about the same time), and raises
   :class:`RankTimeoutError` naming the members that never did. If every member
   reached it, the original error is re-raised.
 
@@ -110,14 +111,16 @@ _SEQUENCE = _Sequence()
 
 def _run(g: Bounded, op: str, call: Callable[[timedelta], None]) -> None:
     """Run ``call(timeout)``; on failure, name the members that never reached it."""
-    if g.sync is None:
-        key, store, me = _SEQUENCE.next(g.group), _c10d.default_store(), dist.get_rank()
-    else:
-        key, store, me = g.sync.next_key("op"), g.sync.store, g.sync.rank
+    key = _SEQUENCE.next(g.group) if g.sync is None else g.sync.next_key("op")
     timeout = g.limit()
     try:
         call(timeout)
     except Exception as exc:
+        # The store is looked up only here: the healthy path never touches it.
+        if g.sync is None:
+            store, me = _c10d.default_store(), dist.get_rank()
+        else:
+            store, me = g.sync.store, g.sync.rank
         missing = wait_for_members(store, key, g.members, me, report_grace(timeout))
         if not missing:
             raise
