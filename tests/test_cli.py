@@ -64,7 +64,7 @@ def test_plan_text(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run([*PLAN, "--ranks-per-host", "8", "--rank", "13"], capsys)
     assert code == 0 and err == ""
     assert "dp_shard=4" in out and "efsdp=8" in out
-    assert "crosses 4 (16/16 groups)" in out  # dp_shard groups cross hosts
+    assert "16/16 groups span 4 hosts" in out  # dp_shard groups cross hosts
     assert "rank 13:" in out and "[12, 13, 14, 15]" in out
     assert ".. 25 more .." in out  # pp's 32 groups abridged
     code, out, _ = run([*PLAN, "--all-groups"], capsys)
@@ -293,6 +293,10 @@ BAD = [
     (["plan", "--world", "8", "--html", " "], "--html"),
     (["plan", "--world", "8", "--tp", "9" * 5000], "--tp"),  # past Python's int() digit limit
     (["plan"], "--world"),  # missing --world
+    (
+        ["plan", "--world", "12", "--tp", "2", "--ranks-per-host", "8"],
+        "--ranks-per-host 8 does not divide --world 12: the last host would hold 4 of 8 ranks",
+    ),
     (["mesh", "--shape", "pp=2,dp"], "--shape"),  # malformed --shape
     (["mesh", "--shape", "pp=0"], "--shape"),
     (["mesh", "--shape", f"a={HUGE}"], HUGE),
@@ -531,7 +535,7 @@ def test_limit_both_sides_at_the_real_limit(capsys: pytest.CaptureFixture[str]) 
 
     at = ["plan", "--world", str(LIST_LIMIT), "--tp", "8", "--view", "tp", "--ranks-per-host", "8"]
     code, out, err = run(at, capsys)
-    assert code == 0 and err == "" and "in host" in out
+    assert code == 0 and err == "" and "every group in one host" in out
     above = ["plan", "--world", str(LIST_LIMIT + 8), "--tp", "8", "--view", "tp"]
     code, out, err = run([*above, "--ranks-per-host", "8"], capsys)
     assert code == 2 and "--ranks-per-host 8" in err and str(LIST_LIMIT) in err

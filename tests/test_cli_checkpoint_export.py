@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -296,3 +297,113 @@ def test_hostile_values_never_traceback(
         for argv in (["checkpoint", "export", bad, out_dir], ["checkpoint", bad]):
             code, out, err = run(argv, capsys)
             assert code == 2 and len(err.strip().splitlines()) == 1, (argv, err)
+
+
+@pytest.fixture(scope="module")
+def training(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A training checkpoint: ``{"model": ..., "optim": ...}`` as torch's optimizer names it."""
+    root = tmp_path_factory.mktemp("cli_export_training") / "ckpt"
+    model = tensors()
+    optim = {
+        "state": {
+            k: {"exp_avg": torch.zeros_like(v), "step": torch.tensor(10000.0)}
+            for k, v in model.items()
+            if v.is_floating_point()
+        },
+        "param_groups": [{"lr": 0.1, "params": sorted(model)}],
+    }
+    dcp.save({"model": model, "optim": optim, "step": 5}, checkpoint_id=str(root), no_dist=True)
+    return root
+
+
+@pytest.mark.parametrize(
+    "select",
+    [
+        ["--exclude", "optim.*"],
+        ["--keys", "model.*"],
+        ["--keys", "model.model.*,model.lm_head"],
+        ["--keys", "model.model.*", "--keys", "model.lm_head", "--exclude", "*.step"],
+    ],
+)
+def test_keys_and_exclude_keep_optimizer_state_out(
+    training: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], select: list[str]
+) -> None:
+    argv = ["checkpoint", "export", training, tmp_path / "out", *select]
+    code, out, err = run([*argv, "--strip-prefix", "model.", "--dtype", "bf16"], capsys)
+    assert code == 0 and err == "" and out.startswith("exported 5 tensors"), err
+    got = read_dir(tmp_path / "out")
+    assert sorted(got) == sorted(tensors())
+    for name, value in tensors().items():
+        want = value.bfloat16() if value.is_floating_point() else value
+        assert same(got[name], want), name
+
+
+def test_exclude_alone_keeps_the_rest_and_dtype_spares_0d_steps(
+    training: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["checkpoint", "export", training, tmp_path / "out", "--exclude", "model.*,*exp_avg"]
+    code, _, err = run([*argv, "--dtype", "bf16"], capsys)
+    assert code == 0 and err == ""
+    got = read_dir(tmp_path / "out")
+    floating = [k for k, v in tensors().items() if v.is_floating_point()]
+    assert sorted(got) == sorted(f"optim.state.{k}.step" for k in floating)
+    assert all(same(v, torch.tensor(10000.0)) for v in got.values())  # 0-d: not cast
+
+
+@pytest.mark.parametrize(
+    ("select", "message"),
+    [
+        (
+            ["--keys", "modle.*"],
+            "--keys 'modle.*': matches none of the checkpoint's 13 tensor names (model.lm_head, "
+            "model.model.embed, model.model.ids, model.model.layers.0.b, ...)",
+        ),
+        (["--keys", "model.*", "--keys", "x*"], "--keys 'x*': matches none"),
+        (
+            ["--keys", "model.*", "--exclude", "model.*"],
+            "--keys 'model.*' --exclude 'model.*': leaves none of the checkpoint's tensors",
+        ),
+        (["--exclude", "*"], "--exclude '*': leaves none of the checkpoint's tensors"),
+        (["--keys", "model.*,"], "--keys 'model.*,': empty pattern"),
+        (["--exclude", ""], "--exclude '': empty pattern"),
+    ],
+)
+def test_bad_key_patterns_exit_2_in_one_line(
+    training: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    select: list[str],
+    message: str,
+) -> None:
+    code, out, err = run(["checkpoint", "export", training, tmp_path / "out", *select], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert message in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_key_flags_belong_to_export(training: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["checkpoint", training, "--keys", "model.*"], capsys)
+    assert code == 2 and "--keys applies to 'meshlayout checkpoint export" in err
+
+
+def test_a_truncated_data_file_exits_1_naming_it(
+    ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    root = Path(shutil.copytree(ckpt, tmp_path / "ckpt"))
+    storage = FileSystemReader(str(root)).read_metadata().storage_data
+    file = str(next(iter(storage.values())).relative_path)
+    size = (root / file).stat().st_size
+    os.truncate(root / file, size - 100)
+    code, out, err = run(["checkpoint", "export", root, tmp_path / "out"], capsys)
+    assert code == 1 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"meshlayout checkpoint export: cannot export {root}: tensor '")
+    assert f"in {file}: truncated file: the item is bytes " in err
+    assert f"the file ends at byte {size - 100} (" in err and "nothing was written" in err
+    assert not (tmp_path / "out").exists()
+    code, out, err = run(["checkpoint", "--verify", root], capsys)
+    assert code == 1 and err == ""
+    assert f"{file}: truncated file: " in out and "not a torch.save archive" not in out

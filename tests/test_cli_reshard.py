@@ -187,6 +187,21 @@ def _one_line_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         ({"--src-shard-order": "0:tp"}, "--src-shard-order '0:tp'"),
         ({"--src-shard-order": "1:dp"}, "decode to shard order {0: (0,)}, but --src-shard-order"),
         ({"--src-mesh": "8388608"}, "--src-mesh '8388608': a reshard plan looks at every rank"),
+        (
+            {"--ranks-per-host": "3"},
+            "--ranks-per-host 3 does not divide the 4 ranks 0-3 the meshes span: the last host "
+            "would hold 1 of 3 ranks (every host holds as many ranks); if the job has more "
+            "ranks than the meshes use, give --world N",
+        ),
+        (
+            {"--ranks-per-host": "8", "--world": "12"},
+            "--ranks-per-host 8 does not divide --world 12: the last host would hold 4 of 8",
+        ),
+        ({"--world": "8"}, "--world 8 applies with --ranks-per-host (it places the hosts)"),
+        (
+            {"--ranks-per-host": "2", "--world": "2"},
+            "--world 2: the meshes use rank 3, outside ranks 0-1",
+        ),
     ],
 )
 def test_user_errors_exit_2_with_one_line(
@@ -202,6 +217,17 @@ def test_user_errors_exit_2_with_one_line(
     err = _one_line_error(argv, capsys)
     assert message in err, err
     assert err.startswith("meshlayout reshard: error:") or "usage" not in err
+
+
+def test_a_world_larger_than_the_meshes_takes_whole_hosts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Ranks 0-3 of a job of 8 on hosts of 8: one host, nothing crosses (and 8 is refused
+    without --world, which says the job is larger than the meshes)."""
+    code, out, err = run([*FSDP_TP, "--ranks-per-host", "8", "--world", "8"], capsys)
+    assert code == 0 and err == ""
+    assert "across hosts           0 (8 ranks per host)" in out
+    assert "--world N" in _one_line_error([*FSDP_TP, "--ranks-per-host", "8"], capsys)
 
 
 def test_argparse_and_output_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -434,7 +434,7 @@ def test_hsdp_source_against_brute_force(
     argv = ["transfer", str(model), "--src-mesh", "rep=2,dp=3", "--src-default", "R,S(0)"]
     argv += ["--src-rules", "scale: R,R", "--dst-mesh", "tp=3", "--dst-ranks", "2,5,6"]
     argv += ["--dst-rules", DST_RULES, "--dst-dtype", "f32", "--bucket", bucket]
-    rep = _json([*argv, "--ranks-per-host", "3"], capsys)
+    rep = _json([*argv, "--ranks-per-host", "3", "--world", "9"], capsys)
     src = ([2, 3], list(range(6)), [(["scale"], "R,R")], "R,S(0)")
     dst = ([3], [2, 5, 6], _rules(DST_RULES), "R")
     check_report(rep, MODEL, src, dst, "float32", rph=3)
@@ -467,7 +467,8 @@ def test_unique_holders_give_the_exact_matrix(
 
 def test_json_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = write_json(tmp_path / "model.json", MODEL)
-    rep = _json(small_argv(model, "--dst-dtype", "bf16", "--ranks-per-host", "4"), capsys)
+    argv = small_argv(model, "--dst-dtype", "bf16", "--ranks-per-host", "4", "--world", "8")
+    rep = _json(argv, capsys)
     assert list(rep) == [
         "schema",
         "model",
@@ -546,12 +547,50 @@ def test_json_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert rep["notes"] == []
 
 
-def test_unused_rules_are_noted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_rule_that_matches_no_tensor_is_an_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     model = write_json(tmp_path / "model.json", MODEL)
-    argv = small_argv(model, "--dst-rules", "*.q_proj.weight: S(0)")
+    code, out, err = run(small_argv(model, "--dst-rules", "*.q_prj.weight: S(0)"), capsys)
+    assert code == 2 and out == ""
+    assert err == (
+        "meshlayout transfer: error: --dst-rules '*.q_prj.weight: S(0)': rule 3 takes no "
+        "tensor: it matches no tensor name (the 7 names look like 'emb.weight'); fix the "
+        "pattern or the order, or pass --allow-unmatched-rules\n"
+    )
+
+
+def test_a_rule_shadowed_by_an_earlier_one_is_an_error_naming_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = write_json(tmp_path / "model.json", MODEL)
+    argv = small_argv(model, "--src-rules", "layers.1.q.weight: R,S(0)")
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("meshlayout transfer: error: --src-rules 'layers.1.q.weight: R,S(0)': ")
+    assert (
+        "rule 4 takes no tensor: every tensor it matches (1, e.g. 'layers.1.q.weight') takes "
+        "rule 1 ('*.q.weight,emb.weight: SS(0,2),S(0)') first" in err
+    )
+
+
+def test_allow_unmatched_rules_turns_the_error_into_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = write_json(tmp_path / "model.json", MODEL)
+    argv = small_argv(model, "--dst-rules", "*.q_prj.weight: S(0)", "--allow-unmatched-rules")
     code, out, err = run(argv, capsys)
     assert code == 0 and err == ""
-    assert "note: --dst-rules rule 3 (*.q_proj.weight: S(0)) matches no tensor it could take" in out
+    assert (
+        "note: --dst-rules rule 3 (*.q_prj.weight: S(0)) takes no tensor: it matches no "
+        "tensor name (the 7 names look like 'emb.weight')" in out
+    )
+    code, out, err = run([*argv, "--format", "json"], capsys)
+    assert code == 0 and err == ""
+    assert json.loads(out)["notes"] == [
+        "--dst-rules rule 3 (*.q_prj.weight: S(0)) takes no tensor: it matches no tensor "
+        "name (the 7 names look like 'emb.weight')"
+    ]
 
 
 def test_text_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -693,6 +732,13 @@ def _errors(tmp: Path) -> list[tuple[list[str], str]]:
         ),
         (with_flag("--svg", str(tmp)), "cannot write: Is a directory"),
         (with_flag("--ranks-per-host", "0"), "--ranks-per-host: must be >= 1"),
+        (
+            with_flag("--ranks-per-host", "4"),
+            "--ranks-per-host 4 does not divide the 6 ranks 0-5 the meshes span: the last host "
+            "would hold 2 of 4 ranks",
+        ),
+        ([*with_flag("--ranks-per-host", "4"), "--world", "10"], "does not divide --world 10"),
+        (with_flag("--world", "8"), "--world 8 applies with --ranks-per-host"),
     ]
 
 
@@ -721,11 +767,14 @@ def test_docs_cli_output_is_what_the_command_prints(
 ) -> None:
     monkeypatch.chdir(ROOT)
     commands = _doc_commands(DOCS / "cli.md")
-    assert len(commands) >= 1
+    assert len(commands) >= 2
     for argv, want in commands:
         code, out, err = run(argv, capsys)
-        assert code == 0 and err == ""
-        assert out == want
+        if want.startswith("meshlayout transfer: error: "):  # an error shown in the docs
+            assert (code, out, err) == (2, "", want)
+        else:
+            assert code == 0 and err == ""
+            assert out == want
 
 
 def test_readme_tour_lines_are_real(
@@ -802,7 +851,13 @@ def test_random_transfers_against_brute_force(
         argv += [f"{ranks[0]}:{ranks[-1] + 1}"]
         argv += [f"--{flag}-rules", "; ".join(f"{p[0]}: {pl}" for p, pl in rules)]
     if case["rph"]:
-        argv += ["--ranks-per-host", str(case["rph"])]
+        span = max(case["src"][1][-1], case["dst"][1][-1]) + 1
+        argv += [
+            "--ranks-per-host",
+            str(case["rph"]),
+            "--world",
+            str(-(-span // case["rph"]) * case["rph"]),
+        ]
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(argv)

@@ -39,3 +39,40 @@ def test_every_relative_link_resolves_inside_the_repository(page: Path) -> None:
 def test_no_page_points_at_the_shared_folder() -> None:
     for page in PAGES:
         assert "../shared" not in page.read_text(encoding="utf-8"), page.name
+
+
+# The design contract the code was written against is not part of the repository: the
+# code and the pages point readers at docs/*.md instead (issue 24 item 9).
+_CITES_DESIGN = re.compile(r"DESIGN(?:\.md|\s*§|\s+section\b|:)")
+_DOC_REF = re.compile(r"docs/([A-Za-z0-9_-]+\.md)(?:#([a-z0-9-]+))?")
+_SOURCES = sorted((ROOT / "src").rglob("*.py"))
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces -> '-'."""
+    heads = re.findall(r"^#+\s+(.*)$", page.read_text(encoding="utf-8"), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+def test_the_design_citation_pattern_finds_citations() -> None:
+    cited = ["see DESIGN" + ".md", "(DESIGN " + "§8)", "DESIGN" + " section 8", "(DESIGN" + ": x)"]
+    assert all(_CITES_DESIGN.search(text) for text in cited)
+    assert not _CITES_DESIGN.search("docs/design.md explains the design")
+
+
+@pytest.mark.parametrize("path", [*_SOURCES, *PAGES], ids=lambda p: str(Path(p).relative_to(ROOT)))
+def test_nothing_cites_the_design_file_outside_the_repository(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    found = [m.group(0) for m in _CITES_DESIGN.finditer(text)]
+    assert not found, f"{path.relative_to(ROOT)} cites {found}: point at docs/*.md instead"
+
+
+def test_every_docs_page_a_docstring_names_exists_with_its_section() -> None:
+    for source in _SOURCES:
+        for page, anchor in _DOC_REF.findall(source.read_text(encoding="utf-8")):
+            target = ROOT / "docs" / page
+            assert target.is_file(), f"{source.relative_to(ROOT)} names a missing docs/{page}"
+            if anchor:
+                assert anchor in _anchors(target), (
+                    f"{source.relative_to(ROOT)}: docs/{page} has no section #{anchor}"
+                )

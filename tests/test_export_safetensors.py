@@ -152,6 +152,45 @@ def test_dtype_casts_floating_tensors_only(
     assert_bitwise(read_all(tmp_path / "out"), want)
 
 
+def test_dtype_leaves_non_floating_and_0d_tensors_alone(
+    plain: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """A cast to float16 changes only the floating tensors with at least one dim: the 0-d
+    bf16 scalar, the integers, the bool mask and the float8 weight keep their dtype."""
+    root, tensors = plain
+    export_safetensors(root, tmp_path / "out", dtype="F16")
+    got = read_all(tmp_path / "out")
+    kept = ["b.ids", "c.scalar", "f.mask", "g.u8", "l.i32", "m.f8"]
+    assert_bitwise({k: got[k] for k in kept}, {k: tensors[k] for k in kept})
+    cast = [k for k in tensors if k not in kept]
+    assert cast == ["a", "d.half", "e.empty", "h.t", "i.cl", "j.f64", "k.bf16"]
+    assert_bitwise({k: got[k] for k in cast}, {k: tensors[k].half() for k in cast})
+
+
+def test_dtype_keeps_an_optimizer_step_exact(tmp_path: Path) -> None:
+    """Adam's ``step`` is a 0-d float32 tensor: bf16 would store 10000.0 as 9984.0."""
+    step = torch.tensor(10000.0)
+    assert step.bfloat16().item() == 9984.0
+    sd = {"w": torch.ones(2, 2), "optim.state.w.step": step}
+    dcp.save(sd, checkpoint_id=str(tmp_path / "ckpt"), no_dist=True)
+    export_safetensors(tmp_path / "ckpt", tmp_path / "out", dtype="bf16")
+    got = read_all(tmp_path / "out")
+    assert got["w"].dtype == torch.bfloat16
+    assert_bitwise({"step": got["optim.state.w.step"]}, {"step": step})
+
+
+def test_keys_may_be_a_predicate(plain: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    root, tensors = plain
+    result = export_safetensors(root, tmp_path / "out", keys=lambda name: "." in name)
+    dotted = {k: v for k, v in tensors.items() if "." in k}
+    assert len(dotted) == len(tensors) - 1 and sorted(result.tensors) == sorted(dotted)
+    assert_bitwise(read_all(tmp_path / "out"), dotted)
+    asked: list[str] = []
+    export_safetensors(root, tmp_path / "b", keys=lambda n: asked.append(n) or n == "a")
+    assert sorted(asked) == sorted(tensors)  # asked about tensors only, never about "step"
+    assert_bitwise(read_all(tmp_path / "b"), {"a": tensors["a"]})
+
+
 def test_dtype_cast_to_float16_and_float32(
     plain: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
@@ -193,6 +232,9 @@ def test_keys_and_rename(plain: tuple[Path, dict[str, Any]], tmp_path: Path) -> 
         ({"keys": ["nope"]}, KeyError, "'nope' is not in the checkpoint"),
         ({"keys": ["step"]}, ValueError, "'step' is a non-tensor value"),
         ({"keys": "a"}, TypeError, "iterable of names"),
+        ({"keys": 3}, TypeError, "iterable of names or a callable name -> bool, got 3"),
+        ({"keys": lambda n: "yes"}, TypeError, "returned 'yes'; a keys callable returns a bool"),
+        ({"keys": lambda n: False}, ValueError, "the callable selects none of the checkpoint's"),
         ({"rename": lambda n: "x"}, ValueError, "would both be written as 'x'"),
         ({"rename": {"a": "b.ids"}}, ValueError, "'a' and 'b.ids' would both be written"),
         ({"rename": {"a": ""}}, ValueError, "'a' -> '' is not a valid tensor name"),
@@ -417,3 +459,60 @@ def test_a_huge_buffer_allocates_only_what_the_largest_tensor_needs(
     assert_bitwise(read_all(tmp_path / "out"), tensors)
     with pytest.raises(ValueError, match="checkpoint_id is empty"):
         export_safetensors("", tmp_path / "other")
+
+
+def _item(root: Path, name: str) -> tuple[str, int, int]:
+    """(file, offset, length) of a tensor's first stored item, by torch's own reader."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    md = FileSystemReader(str(root)).read_metadata()
+    info = md.storage_data[MetadataIndex(name, [0] * len(md.state_dict_metadata[name].size))]
+    return str(info.relative_path), int(info.offset), int(info.length)
+
+
+def _copy(plain: tuple[Path, dict[str, Any]], tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(plain[0], tmp_path / "ckpt"))
+
+
+def test_a_truncated_item_is_named_with_the_bytes_expected_and_present(
+    plain: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    from meshlayout.torch.checkpoint import NotExportableError, describe_checkpoint
+
+    root = _copy(plain, tmp_path)
+    file, offset, length = _item(root, "j.f64")
+    end = offset + length // 2  # the file now ends inside j.f64's item
+    os.truncate(root / file, end)
+    want = (
+        f"tensor 'j.f64' chunk 0 at offsets (0, 0, 0) in {file}: truncated file: the item is "
+        f"bytes {offset}-{offset + length} ({length} bytes), the file ends at byte {end} "
+        f"({length // 2} of them present); nothing was written"
+    )
+    with pytest.raises(NotExportableError) as info:
+        export_safetensors(root, tmp_path / "out")
+    assert str(info.value) == want
+    assert not (tmp_path / "out").exists()
+    stored = {t["name"]: t.get("stored") for t in describe_checkpoint(root, verify=True)["tensors"]}
+    assert stored["j.f64"] == [
+        f"chunk 0 at offsets (0, 0, 0): {file}: truncated file: the item is bytes "
+        f"{offset}-{offset + length} ({length} bytes), the file ends at byte {end} "
+        f"({length // 2} of them present)"
+    ]
+    later = [k for k in plain[1] if _item(root, k)[1] >= end]  # items wholly cut off
+    assert later and all(f"({_item(root, k)[2]} bytes)" in str(stored[k]) for k in later)
+    assert all("(0 of them present)" in str(stored[k]) for k in later)
+
+
+def test_a_corrupt_item_is_named(plain: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    from meshlayout.torch.checkpoint import NotExportableError
+
+    root = _copy(plain, tmp_path)
+    file, offset, _ = _item(root, "j.f64")
+    with open(root / file, "r+b") as f:
+        f.seek(offset)
+        f.write(b"\0\0\0\0")
+    with pytest.raises(NotExportableError, match=r"corrupt item: bytes \d+-\d+ do not start a"):
+        export_safetensors(root, tmp_path / "out")

@@ -30,6 +30,7 @@ LAYERS = {
     "cli": 4,
     "demo": 4,
     "torch": 4,
+    "vllm": 4,
 }
 PURE_LAYERS = 3  # layers 1..3 must not import torch at module level
 

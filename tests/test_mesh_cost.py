@@ -1,4 +1,4 @@
-"""Cost contract of DESIGN.md §2: per-rank operations allocate nothing world-sized.
+"""Cost contract of docs/mesh.md#cost: per-rank operations allocate nothing world-sized.
 
 At 2**20 ranks a world-sized int64 array is 8 MB; every operation below must
 peak under 1 MB (tracemalloc sees numpy's allocations too).

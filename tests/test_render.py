@@ -194,6 +194,11 @@ def test_plan_report_matches_reference(cfg: dict[str, Any]) -> None:
     """Complete and sampled plan reports against the numpy reference, view by view."""
     pd, rank, rph = _pd(cfg), cfg["rank"], cfg["ranks_per_host"]
     ref = (cfg["world"], cfg["degrees"], cfg["order"], cfg["ranks"])
+    given = range(cfg["world"]) if cfg["ranks"] is None else cfg["ranks"]
+    if rph and cfg["world"] % rph and sorted(given) == list(range(cfg["world"])):
+        with pytest.raises(ValueError, match=f"does not divide the world of {cfg['world']} "):
+            plan_report(pd, rank=rank, ranks_per_host=rph)  # a partial last host: refused
+        return
     full = plan_report(pd, rank=rank, ranks_per_host=rph)
     sampled = plan_report(pd, rank=rank, ranks_per_host=rph, complete=False)
     assert json.loads(json.dumps(full)) == full
@@ -212,6 +217,8 @@ def test_plan_report_matches_reference(cfg: dict[str, Any]) -> None:
         if hosts is not None:
             assert v["hosts_spanned"] == s["hosts_spanned"] == max(hosts)
             assert v["crossing_groups"] == s["crossing_groups"] == sum(h > 1 for h in hosts)
+            fewest = min((h for h in hosts if h > 1), default=1)
+            assert v["crossing_hosts_min"] == s["crossing_hosts_min"] == fewest
         coord, group = view_rank(*ref, name, rank)
         index = groups.index(group)
         want_rank = {"coordinate": coord, "group_index": index, "group": group}
@@ -258,12 +265,27 @@ def test_plan_hosts() -> None:
     assert views["tp"]["hosts_spanned"] == views["ep"]["hosts_spanned"] == 1
     assert views["dp_shard"]["hosts_spanned"] == 4 and views["pp"]["hosts_spanned"] == 1
     text = plan_text(plan_report(pd, ranks_per_host=8))
-    assert re.search(r"\ntp .* in host ", text) and "crosses 4 (8/8 groups)" in text
+    assert re.search(r"\ntp .* every group in one host ", text)
+    assert re.search(r"\ndp_shard .* 8/8 groups span 4 hosts ", text)
     # tp outermost: every TP group crosses four hosts, dp_shard stays inside one.
     tp_out = ParallelDims(32, dp_shard=4, tp=8, order="tp,pp,dp_replicate,dp_shard,cp")
     views = plan_report(tp_out, ranks_per_host=8)["views"]
     assert views["tp"]["hosts_spanned"] == 4 and views["dp_shard"]["hosts_spanned"] == 1
     assert "host" not in plan_text(plan_report(pd))  # no column without ranks_per_host
+
+
+def test_plan_hosts_column_names_the_fewest_and_most_hosts() -> None:
+    """30 ranks, pp=3, 6 per host: the dp_shard groups are ranks 0-9, 10-19, 20-29,
+    touching hosts {0, 1}, {1, 2, 3}, {3, 4}; 12 ranks, pp=3: 0-3, 4-7, 8-11 on hosts of
+    6 touch {0}, {0, 1}, {1}. Counted here from the groups, by hand in the docstring."""
+    for world, want in ((30, "3/3 groups span 2-3 hosts"), (12, "1/3 groups span 2 hosts")):
+        rep = plan_report(ParallelDims(world, pp=3), ranks_per_host=6, views=["dp_shard", "tp"])
+        groups = rep["views"]["dp_shard"]["groups"]
+        touched = [len({r // 6 for r in g}) for g in groups]
+        assert touched == ([2, 3, 2] if world == 30 else [1, 2, 1])
+        text = plan_text(rep)
+        assert re.search(rf"\ndp_shard .*  {want}  ", text), text
+        assert re.search(r"\ntp .*  every group in one host  ", text), text
 
 
 def test_plan_text_abridges_big_groups() -> None:

@@ -89,3 +89,52 @@ def test_peers_of_a_failed_rank_fail_naming_it(scenario: str) -> None:
             assert "creating process group" in res["message"]
         else:
             assert "never reached it" in res["message"]
+
+
+def _wrong_world(rank: int, world: int) -> dict[str, str]:
+    """Every entry point given a layout of 8 ranks on a job of 4: each call's error."""
+    import torch
+
+    from meshlayout import Mesh, ParallelDims
+    from meshlayout.sharding import Shard, ShardingSpec
+    from meshlayout.torch import WeightTransfer, build, init_mesh, reshard
+    from meshlayout.torch.torchtitan import ParallelDims as TitanParallelDims
+
+    src = ShardingSpec((8, 2), Mesh({"dp": 4}), [Shard(0)])
+    dst = ShardingSpec((8, 2), Mesh({"tp": 2}, ranks=[4, 5]), [Shard(1)])
+    wide = ShardingSpec((8, 2), Mesh({"tp": 8}), [Shard(0)])  # ranks 0-7, this one among them
+    local = torch.zeros(src.local_shape(rank))
+    calls = {
+        "build": lambda: build(ParallelDims(8, dp_shard=2, tp=4), "cpu"),
+        "init_mesh": lambda: init_mesh(Mesh({"dp": 2, "tp": 4})),
+        "reshard": lambda: reshard(local, src, dst),
+        "WeightTransfer": lambda: WeightTransfer({"w": (local, src)}, {"w": wide}),
+        "torchtitan": lambda: TitanParallelDims(
+            dp_replicate=1, dp_shard=2, cp=1, tp=4, pp=1, ep=1, world_size=8
+        ).build_mesh(),
+    }
+    out = {}
+    for name, call in calls.items():
+        try:
+            call()
+            out[name] = "no error"
+        except ValueError as exc:
+            out[name] = str(exc)
+    return out
+
+
+def test_a_layout_bigger_than_the_job_fails_at_once_on_every_rank() -> None:
+    """8-rank layouts on 4 processes: every rank raises ValueError naming both numbers,
+    without waiting for ranks 4-7 (the default group's timeout is an hour; a wait would
+    outlive the run's budget and fail the test)."""
+    out = run_multiproc(_wrong_world, 4, timeout=240, pg_timeout=DEFAULT_GROUP_TIMEOUT)
+    for rank in range(4):
+        for name, message in out[rank].items():
+            assert "needs global ranks up to" in message, (rank, name, message)
+            assert "process group has world size 4" in message, (rank, name, message)
+        assert "(8 processes)" in out[rank]["build"], out[rank]["build"]
+        assert "choose degrees whose product is 4" in out[rank]["build"]
+        assert out[rank]["build"].startswith("build(ParallelDims(8, "), out[rank]["build"]
+        assert "ranks up to 5 (6 processes)" in out[rank]["reshard"], out[rank]["reshard"]
+        assert out[rank]["WeightTransfer"].startswith("WeightTransfer dst['w']"), out[rank]
+    assert all(out[r] == out[0] for r in range(4)), out

@@ -84,6 +84,7 @@ def _scenarios(rank: int, world: int) -> dict[str, Any]:
     _as_torchrun("two", rank // 2)
     res["bad_env"] = _build(pd)[2]
     res["bad_argument"] = _build(pd, ranks_per_host=0)[2]
+    res["partial_host"] = _build(pd, ranks_per_host=3, check=False)[2]  # hosts of 3 and 1
 
     _as_torchrun(2, rank // 2)
     meshes, warned, error = _build(pd, check=False)
@@ -136,10 +137,10 @@ def test_hosts_from_torchrun_environment_checked_and_reported() -> None:
         assert two["report"].splitlines() == [
             "hosts: 2 x 2 ranks (torchrun: LOCAL_WORLD_SIZE=2); "
             "checked: every rank of a host reports the same node",
-            "tp in host",  # (0, 1), (2, 3)
-            "fsdp crosses hosts (2 hosts per group; 2 of 2 groups)",  # (0, 2), (1, 3)
-            "batch crosses hosts (2 hosts per group; 2 of 2 groups)",
-            "cp in host",  # size 1
+            "tp: every group in one host",  # (0, 1), (2, 3)
+            "fsdp: 2/2 groups span 2 hosts",  # (0, 2), (1, 3)
+            "batch: 2/2 groups span 2 hosts",
+            "cp: every group in one host",  # size 1
         ]
         assert two["spanned"] == [1, 2, 2, 2]
 
@@ -149,9 +150,8 @@ def test_hosts_from_torchrun_environment_checked_and_reported() -> None:
         assert "the rank order puts tp across hosts (2 ranks per host, torchrun" in message
         assert "2 of 2 tp groups span up to 2 hosts, e.g. [0, 2] on hosts [0, 1]" in message
         assert outer["report"].splitlines()[1:] == [
-            "tp crosses hosts (2 hosts per group; 2 of 2 groups)  "
-            "(warning: should stay inside a host)",
-            "fsdp in host",
+            "tp: 2/2 groups span 2 hosts  (warning: should stay inside a host)",
+            "fsdp: every group in one host",
         ]
         assert res["one_host_any_order"]["error"] is None
         assert res["one_host_any_order"]["warned"] == []
@@ -178,6 +178,10 @@ def test_hosts_from_torchrun_environment_checked_and_reported() -> None:
             "positive integer"
         )
         assert res["bad_argument"] == "ValueError: ranks_per_host must be >= 1, got 0"
+        assert res["partial_host"] == (
+            "ValueError: ranks_per_host=3 does not divide the world of 4 ranks: the last host "
+            "would hold 1 of 3 ranks (every host holds as many ranks)"
+        )
 
         unchecked = res["unchecked"]
         assert unchecked["error"] is None and not unchecked["hosts"].checked

@@ -284,19 +284,38 @@ def _fused_out(rank: int) -> dict[str, Any]:
     wt = WeightTransfer(src, dst, bucket_bytes=64, timeout=60)
     if rank not in (4, 5):
         wt.run(verify=True)
+        wt.run(verify=True)  # the partial out= run below
         return {"problems": []}
     # the engine's fused layout: per TP rank, [q rows; k rows; v rows] x 6 columns,
     # here stored transposed (column-major) so the views are not even contiguous
     fused = torch.zeros(6, 8, dtype=torch.bfloat16).t()
     views = {"q": fused[0:4], "k": fused[4:6], "v": fused[6:8]}
     ptr = fused.data_ptr()
-    wt.run(out=views, verify=True)
+    got = wt.run(out=views, verify=True)
     problems = []
     want = torch.cat([_want(rank, n, tensors) for n in ("q", "k", "v")])
     if not torch.equal(_bits(fused), _bits(want)):
         problems.append(f"fused qkv wrong:\n{fused}\nwant\n{want}")
     if fused.data_ptr() != ptr:
         problems.append("fused storage moved")
+    if any(got[n] is not views[n] for n in views):
+        problems.append("run(out=...) did not return the given views")
+    # a partial out=: only q and k are preallocated, v comes back as a new tensor
+    fused.zero_()
+    partial = {"q": fused[0:4], "k": fused[4:6]}
+    got = wt.run(out=partial, verify=True)
+    if sorted(got) != ["k", "q", "v"]:
+        problems.append(f"partial out=: returned {sorted(got)}")
+    if got["q"] is not partial["q"] or got["k"] is not partial["k"]:
+        problems.append("partial out=: the given views were not returned")
+    if got["v"].data_ptr() == fused.data_ptr() + 6 * fused.element_size():
+        problems.append("partial out=: v was written into the fused storage")
+    if not torch.equal(_bits(fused[0:6]), _bits(want[0:6])):
+        problems.append("partial out=: q and k rows wrong")
+    if fused[6:8].any():
+        problems.append("partial out=: the v rows of the fused tensor were touched")
+    if not torch.equal(_bits(got["v"]), _bits(want[6:8])):
+        problems.append("partial out=: v wrong")
     return {"problems": problems}
 
 
@@ -322,13 +341,15 @@ def _api_cases(rank: int) -> dict[str, Any]:
     fresh = {n: local * 5 for n, (local, _) in src.items()} if src else None
     out["src_tensors"] = _compare(wt.run(src_tensors=fresh), rank, tensors, scale=5)
     errors = []
-    for bad in ({"w": torch.zeros(1, 1, dtype=torch.float64)}, {}):
+    for bad in ({"w": torch.zeros(1, 1, dtype=torch.float64)}, {"x": torch.zeros(1)}):
         if rank in (3, 4, 5):
             try:
                 wt.run(out=bad)
                 errors.append("no error")
             except (ValueError, KeyError) as exc:
                 errors.append(f"{type(exc).__name__}: {exc}")
+    # out={} names none of this rank's destination tensors: all come back new
+    out["empty out"] = _compare(wt.run(out={} if rank in (3, 4, 5) else None), rank, tensors)
     if src is not None:
         try:
             wt.run(src_tensors={})
@@ -603,11 +624,13 @@ def test_one_shot_new_sources_and_bad_arguments(
         got = results[r]["api"]
         assert "error" not in got, got.get("error")
         assert got["one shot"] == [] and got["src_tensors"] == [], (r, got)
+        assert got["empty out"] == [], (r, got)
         errors = got["errors"]
         if r in (3, 4, 5):
             assert errors[0].startswith("ValueError: out['w'] on rank"), errors
             assert "float64 (1, 1)" in errors[0], errors
-            assert errors[1].startswith("KeyError") and "missing ['w']" in errors[1], errors
+            assert errors[1].startswith("KeyError") and "names ['x']" in errors[1], errors
+            assert "its destination tensors are ['w']" in errors[1], errors
         assert errors[-1].startswith("KeyError") and "missing ['w']" in errors[-1], errors
 
 

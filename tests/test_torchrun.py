@@ -184,7 +184,10 @@ def test_standalone_one_host(reference_losses: list[float]) -> None:
         "hosts: 1 x 4 ranks (torchrun: LOCAL_WORLD_SIZE=4); "
         "checked: every rank of a host reports the same node"
     ) in out
-    assert "\ntp in host\nfsdp in host\nbatch in host\n" in out
+    assert (
+        "\ntp: every group in one host\nfsdp: every group in one host\n"
+        "batch: every group in one host\n"
+    ) in out
     _check_losses(out, reference_losses)
     _check_passed(out, 4)
     assert "Traceback" not in err and "HostLayoutWarning" not in err
@@ -205,9 +208,9 @@ def test_two_hosts_on_loopback(reference_losses: list[float]) -> None:
         "hosts: 2 x 2 ranks (torchrun: LOCAL_WORLD_SIZE=2); "
         "checked: every rank of a host reports the same node"
     ) in out
-    assert "\ntp in host\n" in out  # tp = ranks (0, 1) and (2, 3): inside each agent
-    assert "\nfsdp crosses hosts (2 hosts per group; 2 of 2 groups)\n" in out
-    assert "\nbatch crosses hosts (2 hosts per group; 2 of 2 groups)\n" in out
+    assert "\ntp: every group in one host\n" in out  # tp = (0, 1), (2, 3): inside each agent
+    assert "\nfsdp: 2/2 groups span 2 hosts\n" in out
+    assert "\nbatch: 2/2 groups span 2 hosts\n" in out
     _check_losses(out, reference_losses)
     _check_passed(out, 4)
 

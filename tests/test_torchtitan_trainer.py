@@ -1,5 +1,5 @@
 """torchtitan 0.3.0's own ``Trainer`` on CPU gloo processes: drop-in ParallelDims and exact
-checkpoints (DESIGN §10, issue 20 items 4 and 5).
+checkpoints (docs/torchtitan.md, issue 20 items 4 and 5).
 
 Two process launches (``tests/titan_harness.py`` documents the CPU shims, the tiny
 llama3 debug model, the generated data set and tokenizer), under torchtitan's

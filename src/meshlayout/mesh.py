@@ -41,13 +41,38 @@ from .layout import Layout, make_layout
 from .layout._core import admissibility
 from .rank_map import MAX_RANK, MAX_WORLD, RankMap
 
-__all__ = ["Dim", "Mesh"]
+__all__ = ["Dim", "Mesh", "check_whole_hosts"]
 
 Dim = int | str
 IntArray = npt.NDArray[np.int64]
 
 # One digit of a position along an axis: (size, stride in positions, weight in the coordinate).
 _Digit = tuple[int, int, int]
+
+
+def check_whole_hosts(
+    ranks_per_host: int, world_size: int, host_text: str = "", world_text: str = ""
+) -> None:
+    """Refuse a host size that does not divide the world: ValueError naming both numbers.
+
+    Host ``k`` holds ranks ``[k*n, (k+1)*n)`` and every host holds ``n`` of them (as
+    torchrun starts them), so a world that ``n`` does not divide is a mistake in one
+    of the numbers, never a partial last host. ``host_text`` / ``world_text`` name
+    them in the message (defaults ``ranks_per_host=N``, ``the world of W ranks``).
+
+    >>> check_whole_hosts(8, 16)
+    >>> check_whole_hosts(8, 12)
+    Traceback (most recent call last):
+    ValueError: ranks_per_host=8 does not divide the world of 12 ranks: the last host would hold 4 of 8 ranks (every host holds as many ranks)
+    """
+    n = check_int(ranks_per_host, "ranks_per_host", minimum=1)
+    world = check_int(world_size, "world_size", minimum=1)
+    if world % n:
+        raise ValueError(
+            f"{host_text or f'ranks_per_host={n}'} does not divide "
+            f"{world_text or f'the world of {world} ranks'}: the last host would hold "
+            f"{world % n} of {n} ranks (every host holds as many ranks)"
+        )
 
 
 class Mesh:

@@ -25,14 +25,16 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-from ..mesh import Mesh
+from ..mesh import Mesh, check_whole_hosts
 from ..sharding import REDUCE_OPS, Partial, Placement, Replicate, Shard, ShardingSpec, StridedShard
 
 __all__ = [
     "INT64_MAX",
     "SIZE_UNITS",
     "ArgError",
+    "add_world_argument",
     "build_mesh",
+    "check_world_hosts",
     "int_arg",
     "parse_flatten",
     "parse_int",
@@ -49,6 +51,7 @@ __all__ = [
     "spec_from_flags",
     "split_top_level",
     "user_input",
+    "whole_hosts",
 ]
 
 #: Largest int64: the bound on every size, rank and count given on the command line.
@@ -112,6 +115,57 @@ def user_input(flag: str, value: object = _NO_VALUE) -> Iterator[None]:
         lines = str(message).strip().splitlines() or [type(exc).__name__]
         where = flag if value is _NO_VALUE else f"{flag} {shown(value)}"
         raise ArgError(f"{where}: {one_line(lines[0])}") from None
+
+
+def whole_hosts(ranks_per_host: int | None, world: int, world_text: str, hint: str = "") -> None:
+    """ArgError when ``--ranks-per-host`` does not divide ``world`` (named by ``world_text``).
+
+    >>> whole_hosts(8, 12, "--world 12")
+    Traceback (most recent call last):
+    ...
+    meshlayout.cli.args.ArgError: --ranks-per-host 8 does not divide --world 12: the last host would hold 4 of 8 ranks (every host holds as many ranks)
+    """
+    if ranks_per_host is None:
+        return
+    try:
+        check_whole_hosts(ranks_per_host, world, f"--ranks-per-host {ranks_per_host}", world_text)
+    except ValueError as exc:
+        raise ArgError(f"{exc}{hint}") from None
+
+
+def add_world_argument(p: argparse.ArgumentParser) -> None:
+    """``--world N`` of the commands whose meshes may use only part of the job's ranks."""
+    p.add_argument(
+        "--world",
+        type=int_arg(minimum=1),
+        metavar="N",
+        help="ranks in the job, for --ranks-per-host (default: the highest rank the meshes "
+        "use + 1); --ranks-per-host must divide it",
+    )
+
+
+def check_world_hosts(args: argparse.Namespace, highest_rank: int) -> None:
+    """``--ranks-per-host`` against ``--world``, or against the ranks 0..``highest_rank``.
+
+    >>> ns = argparse.Namespace(ranks_per_host=8, world=None)
+    >>> check_world_hosts(ns, 19)
+    Traceback (most recent call last):
+    ...
+    meshlayout.cli.args.ArgError: --ranks-per-host 8 does not divide the 20 ranks 0-19 the meshes span: the last host would hold 4 of 8 ranks (every host holds as many ranks); if the job has more ranks than the meshes use, give --world N
+    """
+    rph, world = args.ranks_per_host, args.world
+    if world is None:
+        span = highest_rank + 1
+        hint = "; if the job has more ranks than the meshes use, give --world N"
+        whole_hosts(rph, span, f"the {span} ranks 0-{highest_rank} the meshes span", hint)
+        return
+    if rph is None:
+        raise ArgError(f"--world {world} applies with --ranks-per-host (it places the hosts)")
+    if world <= highest_rank:
+        raise ArgError(
+            f"--world {world}: the meshes use rank {highest_rank}, outside ranks 0-{world - 1}"
+        )
+    whole_hosts(rph, world, f"--world {world}")
 
 
 _INT_RE = re.compile(r"[+-]?[0-9]+")

@@ -32,8 +32,9 @@ HELP = "a DCP checkpoint's tensors: shapes, dtypes, chunks, writers; holes and o
 
 USAGE = """\
 meshlayout checkpoint [--tensor NAME] [--verify] [--format {text,json}] [--svg FILE] PATH
-       meshlayout checkpoint export [--max-file-size SIZE] [--buffer SIZE] [--dtype DTYPE]
-                                    [--strip-prefix PREFIX] [--format {text,json}] CHECKPOINT OUT_DIR"""
+       meshlayout checkpoint export [--keys PATTERNS] [--exclude PATTERNS] [--max-file-size SIZE]
+                                    [--buffer SIZE] [--dtype DTYPE] [--strip-prefix PREFIX]
+                                    [--format {text,json}] CHECKPOINT OUT_DIR"""
 
 EPILOG = """\
 examples:
@@ -44,11 +45,13 @@ examples:
   meshlayout checkpoint --svg chunks.svg ckpt/step-100  # first tensor that does not tile
   meshlayout checkpoint hf-out/                       # a safetensors file or model directory
   meshlayout checkpoint export ckpt/step-100 hf-out --dtype bf16 --strip-prefix model.
+  meshlayout checkpoint export ckpt/step-100 hf-out --keys 'model.*' --strip-prefix model.
   meshlayout checkpoint ./export                      # a directory named export
 
 exit codes: 0 every tensor tiles exactly, 1 some tensor does not (or --verify found
-stored data that differs from the metadata; for safetensors, the index disagrees with
-the files; for export, nothing was written because of that), 2 usage error.
+stored data that differs from the metadata or a data file truncated, corrupt or
+missing; for safetensors, the index disagrees with the files; for export, nothing was
+written because of that), 2 usage error (or no readable .metadata).
 .metadata is read with a restricted unpickler: inspecting and exporting are safe on
 any checkpoint; loading one (dcp.load) unpickles it: load only checkpoints you trust.
 """
@@ -108,7 +111,7 @@ def report_text(report: dict[str, Any], tensor: str | None = None) -> str:
     for t in tensors:
         verdict = t["tiling"]
         if t.get("stored"):
-            verdict += f"; {len(t['stored'])} stored chunks differ from the metadata"
+            verdict += f"; {len(t['stored'])} stored chunks unlike the metadata or damaged"
         rows.append((t["name"], str(tuple(t["shape"])), t["dtype"], str(len(t["chunks"])), verdict))
     widths = [max(len(r[k]) for r in rows) for k in range(4)]
     lines = [head, ""]

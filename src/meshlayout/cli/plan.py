@@ -19,7 +19,7 @@ from .. import megatron, render
 from ..megatron import MegatronDims
 from ..parallel_dims import VIEWS, ParallelDims
 from ..render.reports import PlanDims
-from .args import ArgError, int_arg, parse_names, shown, user_input
+from .args import ArgError, int_arg, parse_names, shown, user_input, whole_hosts
 from .output import add_output, emit, picture_flags, too_large, write
 
 __all__ = ["EPILOG", "HELP", "add_arguments", "plan_dims", "run"]
@@ -93,7 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--ranks-per-host",
         type=_positive,
         metavar="N",
-        help="ranks [k*N, (k+1)*N) form host k; mark groups that cross hosts",
+        help="ranks [k*N, (k+1)*N) form host k (N divides --world); mark crossing groups",
     )
     p.add_argument(
         "--rank",
@@ -235,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
     dims = plan_dims(args)
     if args.rank is not None and args.rank not in dims.rank_map:
         raise ArgError(f"--rank {args.rank} is outside the world of {args.world} ranks")
+    whole_hosts(args.ranks_per_host, args.world, f"--world {args.world}")
     chosen = _chosen_views(args, dims)
     complete = args.all_groups or args.format == "json"
     flags = ["--format json"] if args.format == "json" else []

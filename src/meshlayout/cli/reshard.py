@@ -24,7 +24,9 @@ from ..render.reshard_svg import reshard_picture
 from ..sharding import Partial, ReshardPlan, ShardingSpec, reshard_plan
 from .args import (
     ArgError,
+    add_world_argument,
     build_mesh,
+    check_world_hosts,
     int_arg,
     parse_int_list,
     parse_placements,
@@ -97,6 +99,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="ranks [k*N, (k+1)*N) form host k: prefer same-host senders, count cross-host traffic",
     )
+    add_world_argument(p)
     p.add_argument("--dtype", choices=tuple(ITEMSIZE), help="also report bytes for this dtype")
     add_output(p)
 
@@ -154,6 +157,8 @@ def _plan(args: argparse.Namespace) -> ReshardPlan:
                 f"{flag}: {placement_text(partial[0])} is a pending reduction; "
                 "reduce it to R or S(d) first, a Partial tensor cannot be resharded"
             )
+    highest = max(int(np.max(spec.mesh.submeshes())) for spec in (src, dst))
+    check_world_hosts(args, highest)
     with user_input("--shape/--src-*/--dst-*"):
         return reshard_plan(src, dst, ranks_per_host=args.ranks_per_host)
 

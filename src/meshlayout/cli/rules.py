@@ -105,6 +105,35 @@ class Layout:
         used = set(self.rule_of.values())
         return [i for i in range(len(self.rules)) if i not in used]
 
+    def why_unused(self, i: int) -> str:
+        """Why rule ``i`` took no tensor: no name matches it, or earlier rules took them all.
+
+        >>> from meshlayout import Mesh
+        >>> t = [TensorInfo("a.weight", (4,), "float32"), TensorInfo("a.bias", (4,), "float32")]
+        >>> rules = parse_rules(["*.weight: S(0); a.weight: R; *_prj.weight: R"], "--r")
+        >>> layout = layout_model(t, Mesh({"dp": 2}), rules, None, flags=("--r", "--d", "--m"))
+        >>> layout.unused_rules()
+        [1, 2]
+        >>> layout.why_unused(1)
+        "every tensor it matches (1, e.g. 'a.weight') takes rule 1 ('*.weight: S(0)') first"
+        >>> layout.why_unused(2)
+        "it matches no tensor name (the 2 names look like 'a.weight')"
+        """
+        rule = self.rules[i]
+        matched = [name for name in self.rule_of if rule.matches(name)]
+        if not matched:
+            example = next(iter(self.rule_of), None)
+            look = (
+                "" if example is None else f" (the {len(self.rule_of)} names look like {example!r})"
+            )
+            return f"it matches no tensor name{look}"
+        first = self.rule_of[matched[0]]
+        assert first is not None and first < i
+        return (
+            f"every tensor it matches ({len(matched)}, e.g. {matched[0]!r}) takes rule "
+            f"{first + 1} ({self.rules[first].text!r}) first"
+        )
+
 
 def _check_count(placements: Sequence[Placement], mesh: Mesh, where: str, mesh_flag: str) -> None:
     if len(placements) != mesh.ndim:

@@ -4,7 +4,7 @@ The model's tensors come from what users have, headers only
 (:mod:`meshlayout.cli.model_tensors`: safetensors, a DCP checkpoint, a JSON list);
 each side is a mesh on global ranks plus placement rules by name pattern
 (:mod:`meshlayout.cli.rules`). The plan is :func:`meshlayout.sharding.transfer_plan`
-(DESIGN section 8), the one ``meshlayout.torch.WeightTransfer`` runs. Printed: bytes
+(``docs/transfer.md``), the one ``meshlayout.torch.WeightTransfer`` runs. Printed: bytes
 moved against gather-then-broadcast, rounds for the ``--bucket`` size against their
 lower bound, the busiest ranks, bytes across hosts, the byte matrix, the largest
 tensors; ``--format json`` the whole report (``docs/cli.md``), ``--svg``/``--html``
@@ -34,7 +34,17 @@ from ..render import (
 from ..render._fmt import table
 from ..render.transfer_svg import byte_text, transfer_picture
 from ..sharding import ShardingSpec
-from .args import ArgError, build_mesh, int_arg, one_line, parse_size, shown, user_input
+from .args import (
+    ArgError,
+    add_world_argument,
+    build_mesh,
+    check_world_hosts,
+    int_arg,
+    one_line,
+    parse_size,
+    shown,
+    user_input,
+)
 from .model_tensors import DTYPES, TensorInfo, dtype_name, read_tensors
 from .output import add_output, busiest_rows, emit, too_large, write
 from .rules import Layout, layout_model, parse_rules
@@ -65,7 +75,9 @@ rules (--src-rules / --dst-rules, repeatable):
   PATTERNS: fnmatch patterns separated by ',' (case-sensitive); PLACEMENTS: one per
   mesh dim, S(d), SS(d,sf), R. A tensor takes the first matching rule, else
   --X-default (default: R on every mesh dim). A placement that does not fit a
-  tensor (S(1) on a 1-D bias) is an error naming the tensor and the rule.
+  tensor (S(1) on a 1-D bias) is an error naming the tensor and the rule, and so
+  is a rule that takes no tensor (a pattern typo such as *_prj.weight, or a rule
+  shadowed by an earlier one): --allow-unmatched-rules turns that into a note.
 --bucket: bytes each rank may send (and receive) per round: 4096, 256MiB, 1GiB,
   2GB (default 256MiB). --dst-dtype: the dtype on the wire and at the destination
   (default: each tensor's stored dtype).
@@ -101,6 +113,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             help=f"{what} placements of tensors no rule matches (default: R on every dim)",
         )
     p.add_argument(
+        "--allow-unmatched-rules",
+        action="store_true",
+        help="accept rules that take no tensor (default: an error naming the rule)",
+    )
+    p.add_argument(
         "--dst-dtype", metavar="DTYPE", help="dtype on the wire and at the destination, e.g. bf16"
     )
     p.add_argument(
@@ -115,6 +132,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="ranks [k*N, (k+1)*N) form host k: prefer same-host senders, count cross-host bytes",
     )
+    add_world_argument(p)
     p.add_argument(
         "--largest",
         type=int_arg(minimum=0, maximum=10**6),
@@ -198,6 +216,15 @@ def transfer_inputs(args: argparse.Namespace) -> TransferInputs:
     kind, tensors = _read_model(args.model)
     src = _side(args, tensors, "src")
     dst = _side(args, tensors, "dst")
+    check_world_hosts(args, max(src.ranks[-1], dst.ranks[-1]))
+    if not args.allow_unmatched_rules:
+        for side, layout in (("src", src.layout), ("dst", dst.layout)):
+            for i in layout.unused_rules():
+                raise ArgError(
+                    f"--{side}-rules {shown(layout.rules[i].text)}: rule {i + 1} takes no "
+                    f"tensor: {layout.why_unused(i)}; fix the pattern or the order, or pass "
+                    "--allow-unmatched-rules"
+                )
     return TransferInputs(
         args.model, kind, tensors, src, dst, wire, bucket, args.bucket, args.ranks_per_host
     )
@@ -394,7 +421,9 @@ def _notes(inputs: TransferInputs) -> list[str]:
     for flag, side in (("--src-rules", inputs.src), ("--dst-rules", inputs.dst)):
         for i in side.layout.unused_rules():
             rule = side.layout.rules[i]
-            notes.append(f"{flag} rule {i + 1} ({rule.text}) matches no tensor it could take")
+            notes.append(
+                f"{flag} rule {i + 1} ({rule.text}) takes no tensor: {side.layout.why_unused(i)}"
+            )
     return notes
 
 

@@ -14,10 +14,10 @@ Every worker joins the default process group from torchrun's environment
 (``env://``: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and
 ``meshlayout.torch.build`` takes the hosts from ``LOCAL_WORLD_SIZE`` and
 ``GROUP_RANK``, checking them through the store. Rank 0 prints the host report
-(``tp in host``, ``fsdp crosses hosts`` ...), every step's loss beside a
-single-process run of the same model on the same data, and the demo's PASS/FAIL
-checks, then hands its verdict to every rank: each exits 0 when every check
-passed, 1 otherwise (so every torchrun agent fails), 2 on bad arguments.
+(``tp: every group in one host``, ``fsdp: 2/2 groups span 2 hosts`` ...), every
+step's loss beside a single-process run of the same model on the same data, and the
+demo's PASS/FAIL checks, then hands its verdict to every rank: each exits 0 when
+every check passed, 1 otherwise (so every torchrun agent fails), 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -146,19 +146,5 @@ def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-def _exit(code: int) -> None:
-    """Leave with ``code`` once the verdict is printed and the process group destroyed.
-
-    Interpreter teardown can still abort a gloo worker process ("terminate called
-    without an active exception", SIGABRT: joinable C++ threads of torch's gloo
-    backend destroyed at finalisation; seen once on a loaded machine), which torchrun
-    would report as a failed worker after every check had passed. Nothing is left to
-    do here, so the streams are flushed and the process ends without that teardown.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    _exit(main())
+    sys.exit(main())  # a plain exit: meshlayout.torch drains gloo at exit (torch/_exit.py)

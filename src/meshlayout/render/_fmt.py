@@ -17,6 +17,7 @@ __all__ = [
     "coord_text",
     "held_by_text",
     "holders_text",
+    "hosts_text",
     "range_label",
     "rank_map_text",
     "ranks_text",
@@ -26,6 +27,22 @@ __all__ = [
 
 #: Ranks a :class:`RankSample` keeps from the start of its list: enough for ``ranks_text(.., 16)``.
 SAMPLE_HEAD = 17
+
+
+def hosts_text(crossing: int, total: int, fewest: int, most: int) -> str:
+    """Where a view's groups sit, in words: ``crossing`` of ``total`` groups touch more
+    than one host, between ``fewest`` and ``most`` hosts each.
+
+    The one wording of ``meshlayout plan``'s hosts column and of
+    ``ParallelMeshes.host_report()``.
+
+    >>> hosts_text(0, 16, 1, 1), hosts_text(8, 8, 4, 4), hosts_text(2, 4, 2, 3)
+    ('every group in one host', '8/8 groups span 4 hosts', '2/4 groups span 2-3 hosts')
+    """
+    if crossing == 0:
+        return "every group in one host"
+    span = f"{most}" if fewest == most else f"{fewest}-{most}"
+    return f"{crossing}/{total} groups span {span} hosts"
 
 
 @dataclass(frozen=True)

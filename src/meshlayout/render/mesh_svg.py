@@ -469,13 +469,13 @@ def _group_legend(colours: _Colouring, ranks_per_host: int | None) -> Legend:
     if crossing:
         out.append(
             (
-                f"dashed outline: group crosses hosts ({crossing} of {n} groups, "
+                f"dashed outline: the group spans several hosts ({crossing}/{n} groups; "
                 f"{ranks_per_host} ranks per host)",
                 None,
             )
         )
     elif ranks_per_host is not None and not colours.by_host:
-        out.append((f"every group stays inside one host ({ranks_per_host} ranks per host)", None))
+        out.append((f"every group in one host ({ranks_per_host} ranks per host)", None))
     return out
 
 

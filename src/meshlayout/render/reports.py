@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..mesh import Mesh
+from ..mesh import Mesh, check_whole_hosts
 from ..sharding import (
     Placement,
     Replicate,
@@ -140,6 +140,9 @@ def plan_report(
     :class:`~meshlayout.MegatronDims` (anything :class:`PlanDims`).
     ``complete=False`` gives the sampled report :func:`plan_text` shows (any world
     size). Host counts need every group: :class:`TooLargeError` past LIST_LIMIT.
+    ``ranks_per_host`` must divide the world size when ``dims`` holds ranks
+    ``0..world_size-1`` (ValueError naming both otherwise); dims on other global ranks
+    are part of a larger job whose size is not known here.
 
     >>> from meshlayout import MegatronDims, ParallelDims
     >>> rep = plan_report(ParallelDims(16, tp=4), rank=5, ranks_per_host=8)
@@ -159,6 +162,8 @@ def plan_report(
     if complete or ranks_per_host is not None:
         what = f"every group of {len(names)} views of {world} ranks"
         check_size(world * len(names), what, "numbers")
+    if ranks_per_host is not None and _whole_job(dims):
+        check_whole_hosts(ranks_per_host, world)
     out_views: dict[str, Any] = {}
     for name in names:
         mesh = dims.mesh(name)
@@ -182,6 +187,18 @@ def plan_report(
     }
 
 
+def _whole_job(dims: PlanDims) -> bool:
+    """Whether ``dims`` holds exactly the global ranks ``0..world_size-1`` (in any order)."""
+    ranks = dims.dense.rank_map.to_numpy()
+    return bool(ranks.min() == 0 and ranks.max() == len(ranks) - 1)
+
+
+def _fewest_crossing(spans: Any) -> int:
+    """The fewest hosts a group touches among those touching several (1 when none does)."""
+    crossing = spans[spans > 1]
+    return int(crossing.min()) if crossing.size else 1
+
+
 def _view_entry(
     mesh: Mesh, rank: int | None, ranks_per_host: int | None, complete: bool
 ) -> dict[str, Any]:
@@ -198,6 +215,7 @@ def _view_entry(
         "group_hosts": None if spans is None or not complete else spans.tolist(),
         "hosts_spanned": None if spans is None else int(spans.max()),
         "crossing_groups": None if spans is None else int(np.count_nonzero(spans > 1)),
+        "crossing_hosts_min": None if spans is None else _fewest_crossing(spans),
         "rank": None,
     }
     if not complete:

@@ -11,6 +11,7 @@ from ._fmt import (
     RankSample,
     coord_text,
     holders_text,
+    hosts_text,
     rank_map_text,
     ranks_text,
     runs_text,
@@ -29,12 +30,10 @@ def _shape_text(dims: Sequence[str], shape: Sequence[int]) -> str:
 
 
 def _hosts_cell(v: dict[str, Any]) -> str:
-    k = v["hosts_spanned"]
-    if k is None:
+    if v["hosts_spanned"] is None:
         return ""
-    if k == 1:
-        return "in host"
-    return f"crosses {k} ({v['crossing_groups']}/{v['num_groups']} groups)"
+    crossing, total = v["crossing_groups"], v["num_groups"]
+    return hosts_text(crossing, total, v["crossing_hosts_min"], v["hosts_spanned"])
 
 
 def _listed_groups(v: dict[str, Any], all_groups: bool) -> list[tuple[int, Ranks, int | None]]:
@@ -64,7 +63,7 @@ def _plan_table(report: dict[str, Any]) -> str:
 
 def _plan_groups(report: dict[str, Any], all_groups: bool) -> list[str]:
     hosts = report["ranks_per_host"] is not None
-    lines = ["groups" + ("  (* = crosses hosts)" if hosts else "") + ":"]
+    lines = ["groups" + ("  (* = spans several hosts)" if hosts else "") + ":"]
     for name, v in report["views"].items():
         n = v["num_groups"]
         heading = f"  {name}: {n} group{'s' * (n != 1)} of {v['group_size']}"

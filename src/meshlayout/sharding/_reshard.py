@@ -73,7 +73,7 @@ class Transfer:
 
 @dataclass(frozen=True, eq=False)
 class ReshardPlan:
-    """The transfers that turn ``src_spec``'s pieces into ``dst_spec``'s (DESIGN.md §6).
+    """The transfers that turn ``src_spec``'s pieces into ``dst_spec``'s (``docs/reshard.md``).
 
     Build it with :func:`reshard_plan`. Transfers are ordered by destination rank,
     then by position in the destination's local piece; local copies are included

@@ -65,7 +65,7 @@ class MeshLike(Protocol):
 
 @dataclass(frozen=True, init=False, repr=False)
 class ShardingSpec:
-    """How a tensor of ``global_shape`` is laid out over ``mesh`` (DESIGN.md §3).
+    """How a tensor of ``global_shape`` is laid out over ``mesh`` (``docs/sharding.md``).
 
     >>> from meshlayout import Mesh
     >>> mesh = Mesh({"dp": 3, "tp": 2})

@@ -1,8 +1,8 @@
-"""Whole-model transfer plan: every tensor's boxes, packed into bounded rounds (DESIGN.md §8).
+"""Whole-model transfer plan: every tensor's boxes, packed into bounded rounds (``docs/transfer.md``).
 
 :func:`transfer_plan` takes, per tensor name, a source and a destination
 :class:`ShardingSpec` (same global shape; meshes, rank maps and rank sets free) and the
-bytes per element on the wire. For each tensor it reuses the section-6 plan
+bytes per element on the wire. For each tensor it reuses the reshard plan
 (:func:`~meshlayout.sharding.reshard_plan`: exact boxes, local copies, the holder
 choice), then:
 
@@ -557,7 +557,7 @@ def _concat(
 def _balance(rows: dict[str, Any], specs: list[ShardingSpec], rph: int | None) -> None:
     """Re-choose, over the whole model, the sender of every box that several ranks hold.
 
-    The section-6 plan spreads replicas within one tensor; summed over a model its
+    The reshard plan spreads replicas within one tensor; summed over a model its
     choices would all start from the lowest holder. Here the candidates of a box are
     its holders on the receiver's host when there are any (``rph``), else all its
     holders; the boxes with the same candidates take them in turn (round robin, in

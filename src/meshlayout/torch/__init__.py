@@ -1,7 +1,8 @@
 """meshlayout on ``torch.distributed``: real process groups for pure meshes.
 
 Needs torch and an initialised default process group (``torchrun`` or
-``torch.distributed.init_process_group``). See ``docs/runtime.md``.
+``torch.distributed.init_process_group``), except over a :func:`sync_group` (two
+separately launched worlds). See ``docs/runtime.md``.
 
 >>> from meshlayout.torch import build, init_mesh, DistributedMesh, MeshMismatchError
 """
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 from . import _requirements  # noqa: F401  (first: explains a missing or old torch)
 from ._errors import MeshMismatchError, RankTimeoutError, TransferVerificationError
+from ._exit import drain_at_exit  # noqa: F401  (import registers the clean-exit drain)
 from ._mesh import DistributedMesh, init_mesh, mesh_fingerprint
 from ._parallel import HostLayoutWarning, ParallelMeshes, build, build_parallel_dims
 from ._reshard import reshard
+from ._sync import SyncGroup, sync_group
 from ._tensor import distribute, full_tensor, redistribute
 from ._transfer import WeightTransfer, transfer
 
@@ -22,6 +25,7 @@ __all__ = [
     "MeshMismatchError",
     "ParallelMeshes",
     "RankTimeoutError",
+    "SyncGroup",
     "TransferVerificationError",
     "WeightTransfer",
     "build",
@@ -32,5 +36,6 @@ __all__ = [
     "mesh_fingerprint",
     "redistribute",
     "reshard",
+    "sync_group",
     "transfer",
 ]

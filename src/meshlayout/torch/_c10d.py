@@ -1,7 +1,8 @@
 """Every private torch access of meshlayout, in one file.
 
 torch has no public API for a few things the runtime needs: the default
-store, a group created by its members only under a name we choose, a
+store, a group created by its members only under a name we choose, a group
+outside c10d's world over a store of its own (the sync group), a
 ``DeviceMesh`` over groups that already exist and a rank map shared between
 meshes, and per-operation timeouts on collectives. This module wraps each of them
 in one small function, so a torch upgrade touches this file only;
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import Store
+from torch._C._distributed_c10d import Store, TCPStore
 
 from ._requirements import TORCH_VERSION
 
@@ -44,6 +45,7 @@ __all__ = [
     "CHECKED_ON",
     "FAKE_BACKEND",
     "Store",
+    "TCPStore",
     "all_gather_single",
     "all_reduce",
     "all_to_all_single",
@@ -53,10 +55,13 @@ __all__ = [
     "default_store",
     "default_timeout",
     "device_mesh_over_groups",
+    "dispatch_mode",
     "is_registered",
     "local_tensor",
     "one_member_backend",
     "options_fields",
+    "root_mesh",
+    "stateless_group",
 ]
 
 CHECKED_ON = ("2.10.0", "2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
@@ -204,6 +209,44 @@ def create_group(
     return result
 
 
+def stateless_group(
+    store: Store, rank: int, size: int, backend: str, timeout: timedelta, name: str
+) -> dist.ProcessGroup:
+    """A process group over ``store`` that c10d's world does not know (a sync group).
+
+    What ``_new_process_group_helper`` builds, without registering it anywhere: a
+    ``ProcessGroup`` on a ``PrefixStore`` with one gloo (cpu) or nccl (cuda) backend
+    (``_set_default_backend``, ``_register_backend``, ``_set_group_name``, nccl's
+    ``Options._timeout``). It needs no default group and ignores one that exists;
+    ``torch.distributed``'s functions refuse it ("not registered"), its own methods
+    (``all_to_all_single``, ``allreduce``, ``broadcast``) work, with per-operation
+    timeouts (the functions below).
+
+    Checked on 2.13.0 (gloo; nccl is built the way c10d builds it, unchecked here: no
+    GPU). Not yet run on 2.14.1.
+    """
+    from torch._C._distributed_c10d import PrefixStore, ProcessGroup
+
+    prefix = PrefixStore(f"{name}/", store)
+    pg = ProcessGroup(prefix, rank, size)
+    backend_store = PrefixStore(f"{backend}/", prefix)
+    if backend == "gloo":
+        kind, device = ProcessGroup.BackendType.GLOO, torch.device("cpu")
+        impl: Any = dist.ProcessGroupGloo(backend_store, rank, size, timeout=timeout)
+    elif backend == "nccl":
+        kind, device = ProcessGroup.BackendType.NCCL, torch.device("cuda")
+        options = dist.ProcessGroupNCCL.Options()
+        options.is_high_priority_stream = False
+        options._timeout = timeout
+        impl = dist.ProcessGroupNCCL(backend_store, rank, size, options)
+    else:
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    pg._set_default_backend(kind)
+    pg._register_backend(device, kind, impl)
+    pg._set_group_name(_c10d().GroupName(name))
+    return pg
+
+
 # ---------------------------------------------------------------------- DeviceMesh
 
 
@@ -267,6 +310,22 @@ def device_mesh_over_groups(
         for g in groups:
             registry[g.group_name] = g
     return tdm
+
+
+def dispatch_mode() -> Any:
+    """torch's ``TorchDispatchMode`` base class (``torch.utils._python_dispatch``): the
+    vLLM backend records weight loaders' copies with it. Checked on 2.13.0."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
+def root_mesh(device_mesh: Any) -> Any:
+    """The mesh ``device_mesh`` was sliced from (itself if none): ``_get_root_mesh``.
+
+    Checked on 2.13.0.
+    """
+    return device_mesh._get_root_mesh()
 
 
 def local_tensor(dtensor: Any) -> torch.Tensor:

@@ -29,11 +29,18 @@ import numpy as np
 import torch.distributed as dist
 
 from ..rank_map import RankMap
+from ..sharding import MeshLike
 from ._c10d import Store, default_store
 from ._errors import MeshMismatchError, RankTimeoutError, format_ranks
 from ._store import gather_arrivals
 
-__all__ = ["check_consistent", "check_over_rank_map", "rank_map_summary", "rank_set_digest"]
+__all__ = [
+    "check_consistent",
+    "check_in_world",
+    "check_over_rank_map",
+    "rank_map_summary",
+    "rank_set_digest",
+]
 
 _SEQ: dict[str, int] = {}
 
@@ -160,3 +167,47 @@ def _describe_missing(store: Store, missing: Sequence[int], ns: str) -> str:
             continue
         notes.append(f"\n  rank {r}: last checked a different rank set or sequence: {last}")
     return "".join(notes)
+
+
+def _top_rank(ranks: RankMap | MeshLike) -> int | None:
+    """The largest global rank of a rank map or a mesh (None when it has none)."""
+    if isinstance(ranks, RankMap):
+        rank_map = ranks
+    else:
+        found = getattr(ranks, "rank_map", None)
+        if not isinstance(found, RankMap):  # another MeshLike: O(its ranks)
+            every = np.asarray(ranks.submeshes())
+            return int(every.max()) if every.size else None
+        rank_map = found
+    if len(rank_map) == 0:
+        return None
+    rng = rank_map.as_range()
+    return max(rng[0], rng[-1]) if rng is not None else int(rank_map.to_numpy().max())
+
+
+def check_in_world(
+    ranks: RankMap | MeshLike, what: str, world: int | None = None, hint: str = ""
+) -> None:
+    """Fail at once, on every rank, if ``ranks`` (a rank map or a mesh) names a rank the
+    job does not have.
+
+    ``world``: the size of the process group the ranks live in (default: the default
+    group's). Without this check the ranks that do exist would wait the whole timeout
+    for the missing ones (c10d's default: 30 minutes on gloo) before naming them; each
+    rank sees the same two numbers, so each raises the same ``ValueError`` without
+    talking to the others. ``hint`` ends the message (what would be valid).
+
+    >>> check_in_world(RankMap(range(8)), "a job of 8 ranks", world=4)
+    Traceback (most recent call last):
+    ...
+    ValueError: a job of 8 ranks needs global ranks up to 7 (8 processes), but this job's process group has world size 4 (ranks 0..3)
+    """
+    if world is None:
+        world = dist.get_world_size()
+    top = _top_rank(ranks)
+    if top is not None and top >= world:
+        raise ValueError(
+            f"{what} needs global ranks up to {top} ({top + 1} processes), but this job's "
+            f"process group has world size {world} (ranks 0..{world - 1})"
+            + (f"; {hint}" if hint else "")
+        )

@@ -11,8 +11,9 @@ run their collectives through this module instead:
 * **Failure path only.** When the collective raises (e.g. it timed out because a
   member never called it), this rank records under
   ``meshlayout/op/<default group #>/<group name>/<n>`` that it reached the ``n``-th
-  meshlayout collective on that group, waits at most :func:`report_grace` for the
-  other members that reached it too (they fail at about the same time), and raises
+  meshlayout collective on that group (on a sync group: under its own store), waits
+  at most :func:`report_grace` for the other members that reached it too (they fail
+  at about the same time), and raises
   :class:`RankTimeoutError` naming the members that never did. If every member
   reached it, the original error is re-raised.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -35,6 +37,9 @@ import torch.distributed as dist
 from . import _c10d
 from ._errors import RankTimeoutError, format_ranks
 from ._store import wait_for_members
+
+if TYPE_CHECKING:
+    from ._sync import SyncGroup
 
 __all__ = [
     "Bounded",
@@ -48,17 +53,25 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Bounded:
-    """A group with its members (global ranks, in group-rank order) and a timeout."""
+    """A group with its members (global ranks, in group-rank order) and a timeout.
+
+    ``sync``: the :class:`~meshlayout.torch.SyncGroup` that ``group`` belongs to (then
+    members are its ranks and failures are reported through its store), or None for
+    a group of the default world.
+    """
 
     group: dist.ProcessGroup
     members: tuple[int, ...]
     timeout: timedelta | None  # None: c10d's default for the group's backend
     what: str  # the caller, for messages: "full_tensor", ...
+    sync: SyncGroup | None = None
 
     def limit(self) -> timedelta:
         """The timeout of one collective on this group."""
         if self.timeout is not None:
             return self.timeout
+        if self.sync is not None:
+            return self.sync.timeout
         return _c10d.default_timeout(str(dist.get_backend(self.group)))
 
 
@@ -98,13 +111,17 @@ _SEQUENCE = _Sequence()
 
 def _run(g: Bounded, op: str, call: Callable[[timedelta], None]) -> None:
     """Run ``call(timeout)``; on failure, name the members that never reached it."""
-    key = _SEQUENCE.next(g.group)
+    key = _SEQUENCE.next(g.group) if g.sync is None else g.sync.next_key("op")
     timeout = g.limit()
     try:
         call(timeout)
     except Exception as exc:
-        me = dist.get_rank()
-        missing = wait_for_members(_c10d.default_store(), key, g.members, me, report_grace(timeout))
+        # The store is looked up only here: the healthy path never touches it.
+        if g.sync is None:
+            store, me = _c10d.default_store(), dist.get_rank()
+        else:
+            store, me = g.sync.store, g.sync.rank
+        missing = wait_for_members(store, key, g.members, me, report_grace(timeout))
         if not missing:
             raise
         first_line = (str(exc).strip().splitlines() or [""])[0][:200]

@@ -1,4 +1,4 @@
-"""Order-independent, position-aware tensor fingerprints at memory speed (DESIGN §8 verify).
+"""Order-independent, position-aware tensor fingerprints at memory speed (``docs/transfer.md#verification``).
 
 ``WeightTransfer.run(verify=True)`` compares, per tensor, a fingerprint of the source
 elements with one of the destination pieces. The fingerprint must be

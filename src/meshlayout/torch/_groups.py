@@ -50,6 +50,7 @@ __all__ = [
     "GroupKey",
     "GroupStats",
     "clear_cache",
+    "forget_destroyed",
     "get_group",
     "group_key",
     "group_name",
@@ -82,7 +83,7 @@ class GroupStats:
 class _Cache:
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.world: object | None = None  # the default group this cache belongs to
+        self.world: dist.ProcessGroup | None = None  # the default group this cache belongs to
         self.groups: dict[GroupKey, dist.ProcessGroup] = {}
         self.generation: dict[GroupKey, int] = {}
         self.stats = GroupStats()
@@ -136,6 +137,22 @@ def clear_cache() -> None:
         _CACHE.groups.clear()
         _CACHE.world = None
         _CACHE.stats = GroupStats()
+
+
+def forget_destroyed() -> int:
+    """Drop cached groups that c10d no longer knows (``destroy_process_group`` was called).
+
+    A group only this cache still held is destroyed at once, its worker threads
+    joined while the interpreter is whole (see :mod:`meshlayout.torch._exit`, which
+    calls this at exit). Returns the number of groups forgotten. Counters are kept.
+    """
+    with _CACHE.lock:
+        gone = [k for k, pg in _CACHE.groups.items() if not _c10d.is_registered(pg)]
+        for key in gone:
+            del _CACHE.groups[key]
+        if _CACHE.world is not None and not _c10d.is_registered(_CACHE.world):
+            _CACHE.world = None
+        return len(gone)
 
 
 def _default_group() -> dist.ProcessGroup:

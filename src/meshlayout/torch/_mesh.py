@@ -29,7 +29,7 @@ import torch.distributed as dist
 from ..mesh import Dim, Mesh
 from ..rank_map import RankMap
 from . import _c10d
-from ._check import check_over_rank_map, rank_map_summary
+from ._check import check_in_world, check_over_rank_map, rank_map_summary
 from ._groups import get_group, options_key
 from ._store import as_timedelta
 
@@ -84,18 +84,6 @@ def mesh_fingerprint(
         "backends": repr(tuple((b, options_key(o)) for b, o in backends)),
         "device_type": device_type,
     }
-
-
-def _check_world(mesh: Mesh) -> None:
-    world = dist.get_world_size()
-    rng = mesh.rank_map.as_range()
-    top = (rng[-1] if rng.step > 0 else rng[0]) if rng is not None else None
-    if top is None:
-        top = int(mesh.rank_map.to_numpy().max())
-    if top >= world:
-        raise ValueError(
-            f"{mesh!r} uses global rank {top} but the default process group has world size {world}"
-        )
 
 
 class DistributedMesh:
@@ -320,7 +308,7 @@ def init_mesh(
             "init_mesh needs an initialised default process group: launch with torchrun "
             "(or call torch.distributed.init_process_group) first"
         )
-    _check_world(mesh)
+    check_in_world(mesh.rank_map, f"init_mesh({mesh!r})")
     backends = _normalise_backends(mesh, backend_override)
     td = None if timeout is None else as_timedelta(timeout, _c10d.default_timeout())
     if check and dist.get_rank() in mesh:

@@ -12,7 +12,7 @@ Usage (under ``torchrun --nproc-per-node 8``)::
     meshes.get_or_create("tp").get_group(0)                       # a ProcessGroup
     meshes.get_or_create(("fsdp", "tp")).to_torch()               # a DeviceMesh for FSDP2 + TP
     meshes.get_optional_mesh("cp")                                # None: cp is disabled
-    print(meshes.host_report(["tp", "fsdp"]))                     # "tp in host", ...
+    print(meshes.host_report(["tp", "fsdp"]))                     # "tp: every group in one host"
 
 torchtitan's accessors (``get_mesh``, ``get_optional_mesh``,
 ``get_all_one_dimensional_meshes``, ``seq_len_divisor``, ``non_data_parallel_size``)
@@ -30,11 +30,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch.distributed as dist
 
-from ..mesh import Mesh
+from ..mesh import Mesh, check_whole_hosts
 from ..rank_map import RankMap
 from ..torchtitan_names import TORCHTITAN_NAMES
 from . import _c10d
-from ._check import check_over_rank_map, rank_map_summary
+from ._check import check_in_world, check_over_rank_map, rank_map_summary
 from ._hosts import (
     IN_HOST_VIEWS,
     HostLayoutWarning,
@@ -216,14 +216,15 @@ class ParallelMeshes:
         return crossing_summary(self.parallel_dims.mesh(key), self.hosts.ranks_per_host)[0]
 
     def host_report(self, views: Sequence[str] | None = None) -> str:
-        """Lines saying where the hosts come from and, per view, ``in host`` or ``crosses hosts``.
+        """Lines saying where the hosts come from and, per view, how its groups sit on them.
 
         ``views`` default: the views built so far with more than one rank per group.
-        Example (4 ranks, 2 per host, ``ParallelDims(4, tp=2)``)::
+        The wording is ``meshlayout plan``'s hosts column. Example (4 ranks, 2 per
+        host, ``ParallelDims(4, tp=2)``)::
 
             hosts: 2 x 2 ranks (torchrun: LOCAL_WORLD_SIZE=2); checked: every rank ...
-            tp in host
-            fsdp crosses hosts (2 hosts per group; 2 of 2 groups)
+            tp: every group in one host
+            fsdp: 2/2 groups span 2 hosts
         """
         world = len(self.parallel_dims.rank_map)
         if self.hosts is None:
@@ -233,19 +234,16 @@ class ParallelMeshes:
             )
         if views is None:
             views = [k[0] for k, dm in self._meshes.items() if len(k) == 1 and dm.size() > 1]
+        from ..render._fmt import hosts_text
+
         lines = [self.hosts.describe(world)]
         for view in views:
-            most, crossing, total = crossing_summary(
-                self.parallel_dims.mesh(view), self.hosts.ranks_per_host
-            )
-            if most == 1:
-                lines.append(f"{view} in host")
-            else:
-                warn = "  (warning: should stay inside a host)" if view in IN_HOST_VIEWS else ""
-                lines.append(
-                    f"{view} crosses hosts ({most} hosts per group; {crossing} of {total} "
-                    f"groups){warn}"
-                )
+            spans = self.parallel_dims.mesh(view).hosts_spanned(self.hosts.ranks_per_host)
+            crossing = spans[spans > 1]
+            fewest, most = (int(crossing.min()), int(crossing.max())) if crossing.size else (1, 1)
+            in_host = view in IN_HOST_VIEWS and crossing.size
+            warn = "  (warning: should stay inside a host)" if in_host else ""
+            lines.append(f"{view}: {hosts_text(crossing.size, spans.size, fewest, most)}{warn}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -294,7 +292,8 @@ def build(
     meshes returned; absent ranks are named in a :class:`RankTimeoutError`.
 
     Hosts: ``ranks_per_host`` consecutive ranks per host, default torchrun's
-    ``LOCAL_WORLD_SIZE`` (None outside torchrun: hosts unknown). With ``check``,
+    ``LOCAL_WORLD_SIZE`` (None outside torchrun: hosts unknown); it must divide the
+    world size (``ValueError`` naming both, at once on every rank). With ``check``,
     every rank reports its node (torchrun's ``GROUP_RANK``, or the host name) through
     the store and a host whose ranks are on different nodes, or two hosts on one
     node, makes every rank raise ``ValueError``. If ``tp`` (or ``etp``) groups cross
@@ -313,10 +312,20 @@ def build(
         )
     if isinstance(views, str):
         raise TypeError(f"views must be a sequence of view names, e.g. [{views!r}]; got {views!r}")
-    td = None if timeout is None else as_timedelta(timeout, _c10d.default_timeout())
-    hosts = hosts_from_environment(ranks_per_host, os.environ)
     rank_map = parallel_dims.rank_map
     what = f"build({parallel_dims!r})"
+    world = dist.get_world_size()
+    check_in_world(
+        rank_map,
+        what,
+        world,
+        hint=f"choose degrees whose product is {world} (dp_shard=-1 infers it from the "
+        "world size), or launch that many processes",
+    )
+    td = None if timeout is None else as_timedelta(timeout, _c10d.default_timeout())
+    hosts = hosts_from_environment(ranks_per_host, os.environ)
+    if hosts is not None:  # every rank refuses at once, before any wait
+        check_whole_hosts(hosts.ranks_per_host, world, hosts.source, f"the world of {world} ranks")
     member = dist.get_rank() in rank_map
     if check and member:
         fields = {

@@ -1,6 +1,6 @@
 """Reshard a tensor between two parallel configurations with one collective.
 
-:func:`reshard` executes :func:`meshlayout.sharding.reshard_plan` (DESIGN.md §6): the
+:func:`reshard` executes :func:`meshlayout.sharding.reshard_plan` (``docs/reshard.md``): the
 source and destination are two :class:`~meshlayout.sharding.ShardingSpec` of one
 global shape whose meshes may differ in shape, names and rank map, on rank sets that
 are equal, overlap or are disjoint (trainer FSDP -> inference TP weight sync, a job
@@ -51,7 +51,7 @@ import torch.distributed as dist
 from ..mesh import Mesh
 from ..sharding import Partial, ReshardPlan, ShardingSpec, local_slices, reshard_plan
 from . import _c10d
-from ._check import check_consistent, rank_map_summary, rank_set_digest
+from ._check import check_consistent, check_in_world, rank_map_summary, rank_set_digest
 from ._collectives import Bounded, all_to_all
 from ._errors import RankTimeoutError, format_ranks
 from ._groups import get_group
@@ -127,6 +127,8 @@ def reshard(
             "(or call torch.distributed.init_process_group) first"
         )
     _fresh_world()
+    for side, spec in (("src_spec", src_spec), ("dst_spec", dst_spec)):
+        check_in_world(spec.mesh, f"reshard: {side} on {spec.mesh!r}")
     me = dist.get_rank()
     sched = _schedule(src_spec, dst_spec, me)
     source: torch.Tensor | None = None

@@ -1,12 +1,12 @@
 """Move a whole model between parallel layouts: bounded rounds of one collective each.
 
-:class:`WeightTransfer` executes :func:`meshlayout.sharding.transfer_plan` (DESIGN.md
-§8): an RL trainer (FSDP2 + TP) pushing every parameter to inference workers (TP,
-often on other ranks) after each step, or a job restarted on another layout.
+:class:`WeightTransfer` executes :func:`meshlayout.sharding.transfer_plan`
+(``docs/transfer.md``): an RL trainer (FSDP2 + TP) pushing every parameter to inference
+workers (TP, often on other ranks) after each step, or a job restarted on another layout.
 
 Construction (collective over the union of both rank sets; other ranks do not call it):
 
-1. **Metadata** through the default store, bounded by ``timeout``: each side posts its
+1. **Metadata** through the default store (or a sync group's, ``group=``), bounded by ``timeout``: each side posts its
    rank set, then every rank posts (a digest of) what it holds: per name, the spec and
    dtype of its source piece and of its destination piece (:mod:`._transfer_meta`). The lowest rank of the
    union reads each distinct post once, checks that ranks agree, that every rank of a
@@ -60,11 +60,13 @@ import torch.distributed as dist
 from ..sharding import ShardingSpec, TransferPlan, local_slices, pieces, run_boxes
 from ..sharding import transfer_plan as _transfer_plan
 from . import _c10d
+from ._check import check_in_world
 from ._collectives import Bounded, all_reduce, all_to_all
 from ._errors import TransferVerificationError
 from ._fingerprint import MASK64, Fingerprinter
 from ._groups import get_group
 from ._store import as_timedelta
+from ._sync import SyncGroup, check_members
 from ._transfer_meta import (
     check_piece,
     dest_entry,
@@ -110,7 +112,7 @@ def _unlimb(limbs: list[int]) -> int:
 
 # ---------------------------------------------------------------------- the executor
 class WeightTransfer:
-    """A repeatable, exact transfer of a model between two parallel layouts (DESIGN §8).
+    """A repeatable, exact transfer of a model between two parallel layouts (``docs/transfer.md``).
 
     ``src``: on source ranks, name -> DTensor (FSDP2, TP, HSDP, ...) or ``(local
     piece, ShardingSpec)``; None elsewhere. ``dst``: on destination ranks, name ->
@@ -123,6 +125,16 @@ class WeightTransfer:
     receives, per round (its send and receive buffers are at most that big);
     ``ranks_per_host``: prefer same-host senders among replicas; ``timeout`` (seconds
     or ``timedelta``; default c10d's) bounds every wait and collective.
+    ``buffers``: a ``(send, receive)`` pair of 1-d uint8 tensors to use instead of
+    allocating (transfers that run one after another may share one pair of
+    ``bucket_bytes`` each); ValueError if one is smaller than this transfer needs.
+
+    ``group``: a :class:`~meshlayout.torch.SyncGroup` (:func:`~meshlayout.torch.sync_group`)
+    for two separately launched worlds (a trainer's and an inference engine's): ranks
+    in specs are then the sync group's ranks (a DTensor's mesh is translated from its
+    default group's ranks), every member takes part, and the metadata exchange,
+    collectives, timeouts and error reports use that group and its store only; no
+    default process group is needed.
 
     Attributes: :attr:`plan` (the :class:`~meshlayout.sharding.TransferPlan`),
     :attr:`members` (the union, ascending), :attr:`send_buffer`,
@@ -137,11 +149,18 @@ class WeightTransfer:
         bucket_bytes: int = 256 * 2**20,
         ranks_per_host: int | None = None,
         timeout: timedelta | float | None = None,
+        group: SyncGroup | None = None,
+        buffers: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
-        if not dist.is_initialized():
+        if group is not None and not isinstance(group, SyncGroup):
+            raise TypeError(
+                f"group must be a SyncGroup from meshlayout.torch.sync_group, got {group!r}"
+            )
+        if group is None and not dist.is_initialized():
             raise RuntimeError(
-                "WeightTransfer needs an initialised default process group: launch with "
-                "torchrun (or call torch.distributed.init_process_group) first"
+                "WeightTransfer needs an initialised default process group (launch with "
+                "torchrun, or call torch.distributed.init_process_group) or group= a "
+                "meshlayout.torch.sync_group"
             )
         for what, m in (("src", src), ("dst", dst)):
             if m is not None and not isinstance(m, Mapping):
@@ -151,13 +170,16 @@ class WeightTransfer:
                 "WeightTransfer: this rank passes neither source tensors nor destination "
                 "specs; only ranks of the union of both sides call it"
             )
-        me = dist.get_rank()
+        me = dist.get_rank() if group is None else group.rank
         self.rank = me
-        self.timeout = as_timedelta(timeout, _c10d.default_timeout())
+        self.group = group
+        default = _c10d.default_timeout() if group is None else group.timeout
+        self.timeout = as_timedelta(timeout, default)
         self._sources: dict[str, torch.Tensor] = {}
         src_meta: dict[str, tuple[ShardingSpec, str]] = {}
         for name, value in (src or {}).items():
-            local, spec = source_piece(name, value, me)
+            rank_map = None if group is None or not is_dtensor(value) else group.rank_map()
+            local, spec = source_piece(name, value, me, rank_map)
             self._sources[name] = local
             src_meta[name] = (spec, dtype_name(local.dtype))
         dst_meta: dict[str, tuple[ShardingSpec, str | None]] = {}
@@ -166,7 +188,16 @@ class WeightTransfer:
             if me not in spec.mesh:
                 raise ValueError(f"dst[{name!r}]: rank {me} is not in its mesh {spec.mesh!r}")
             dst_meta[name] = (spec, None if dtype is None else dtype_name(dtype))
-        self.members, (src_all, dst_all) = exchange(me, (src_meta, dst_meta), self.timeout)
+        world = None if group is None else group.world_size
+        seen: set[int] = set()
+        for side, meta in (("src", src_meta), ("dst", dst_meta)):
+            for name, (spec, _) in meta.items():
+                if id(spec.mesh) not in seen:
+                    seen.add(id(spec.mesh))
+                    check_in_world(spec.mesh, f"WeightTransfer {side}[{name!r}]", world)
+        self.members, (src_all, dst_all) = exchange(me, (src_meta, dst_meta), self.timeout, group)
+        if group is not None:
+            check_members(group, self.members, "WeightTransfer")
         self.src_specs: dict[str, ShardingSpec] = {n: s for n, (s, _) in src_all.items()}
         self.dst_specs: dict[str, ShardingSpec] = {n: s for n, (s, _) in dst_all.items()}
         self.dst_dtypes: dict[str, torch.dtype] = {
@@ -196,16 +227,24 @@ class WeightTransfer:
         first = next(iter(self._sources.values()), None)
         if first is not None:
             self.device = first.device
+        elif group is not None:
+            self.device = group.device
         elif str(dist.get_backend()) == "nccl":
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
             self.device = torch.device("cpu")
         send_max = max((sum(r.send_sizes) for r in self._rounds), default=0)
         recv_max = max((sum(r.recv_sizes) for r in self._rounds), default=0)
-        self.send_buffer = torch.empty(send_max, dtype=torch.uint8, device=self.device)
-        self.recv_buffer = torch.empty(recv_max, dtype=torch.uint8, device=self.device)
-        group = get_group(self.members, timeout=self.timeout, group_desc="meshlayout_transfer")
-        self._bounded = Bounded(group, self.members, self.timeout, "WeightTransfer")
+        if buffers is None:
+            self.send_buffer = torch.empty(send_max, dtype=torch.uint8, device=self.device)
+            self.recv_buffer = torch.empty(recv_max, dtype=torch.uint8, device=self.device)
+        else:
+            self.send_buffer, self.recv_buffer = _shared_buffers(buffers, send_max, recv_max)
+        if group is None:
+            pg = get_group(self.members, timeout=self.timeout, group_desc="meshlayout_transfer")
+            self._bounded = Bounded(pg, self.members, self.timeout, "WeightTransfer")
+        else:
+            self._bounded = Bounded(group.pg, self.members, self.timeout, "WeightTransfer", group)
         self._verify_info: dict[str, tuple[bool, int, int]] | None = None
         self._fingerprinter = Fingerprinter()
 
@@ -224,7 +263,9 @@ class WeightTransfer:
         (default: the pieces given at construction; they may have changed in place).
         ``out``: name -> preallocated destination piece (shape of the spec's local
         piece, the destination dtype; any strides, e.g. a view into a fused
-        parameter), filled in place and returned; default: new tensors.
+        parameter), filled in place and returned. Any subset of this rank's
+        destination tensors (e.g. only the fused parameters): the others are returned
+        as new tensors.
         ``verify``: compare fingerprints with one extra all-reduce and raise
         :class:`~meshlayout.torch.TransferVerificationError` on every rank on a
         mismatch.
@@ -269,22 +310,25 @@ class WeightTransfer:
     def _outputs(self, out: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
         me = self.rank
         if out is None:
-            return {
-                n: torch.empty(
-                    self.dst_specs[n].local_shape(me), dtype=self.dst_dtypes[n], device=self.device
-                )
-                for n in self._dst_names
-            }
-        if not isinstance(out, Mapping):
+            out = {}
+        elif not isinstance(out, Mapping):
             raise TypeError(f"out must be a mapping name -> tensor, got {out!r}")
-        missing = [n for n in self._dst_names if n not in out]
         extra = [n for n in out if n not in self._dst_names]
-        if missing or extra:
+        if extra:
             raise KeyError(
-                f"out on rank {me}: missing {missing[:10]}, not destination tensors of this "
-                f"rank {extra[:10]}"
+                f"out on rank {me} names {extra[:10]}, which are not destination tensors of "
+                f"this rank; its destination tensors are {list(self._dst_names[:10])}"
+                + (" ..." if len(self._dst_names) > 10 else "")
             )
+        result: dict[str, torch.Tensor] = {}
         for name in self._dst_names:
+            if name not in out:  # not preallocated: a new tensor
+                result[name] = torch.empty(
+                    self.dst_specs[name].local_shape(me),
+                    dtype=self.dst_dtypes[name],
+                    device=self.device,
+                )
+                continue
             t = out[name]
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"out[{name!r}] must be a tensor, got {type(t).__name__}")
@@ -294,7 +338,8 @@ class WeightTransfer:
                     f"out[{name!r}] on rank {me} is {t.dtype} {tuple(t.shape)}; the destination "
                     f"piece is {self.dst_dtypes[name]} {want}"
                 )
-        return dict(out)
+            result[name] = t
+        return result
 
     def unpack(self, index: int, recv: torch.Tensor, outs: Mapping[str, torch.Tensor]) -> None:
         """The unpack step of round ``index``: copy ``recv`` (bytes) into ``outs``.
@@ -431,6 +476,27 @@ def unpack_round(rnd: _Round, recv: torch.Tensor, outs: Mapping[str, torch.Tenso
             region.copy_(data.clone().view(dtype).view(region.shape))
 
 
+def _shared_buffers(
+    buffers: object, send_max: int, recv_max: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if not (
+        isinstance(buffers, tuple)
+        and len(buffers) == 2
+        and all(isinstance(b, torch.Tensor) for b in buffers)
+    ):
+        raise TypeError(f"buffers must be a (send, receive) pair of tensors, got {buffers!r}")
+    send, recv = buffers
+    for what, buf, need in (("send", send, send_max), ("receive", recv, recv_max)):
+        if buf.dtype != torch.uint8 or buf.dim() != 1 or not buf.is_contiguous():
+            raise ValueError(f"the {what} buffer must be a contiguous 1-d uint8 tensor")
+        if buf.numel() < need:
+            raise ValueError(
+                f"the {what} buffer holds {buf.numel()} bytes; this transfer's largest "
+                f"round needs {need} (at most bucket_bytes)"
+            )
+    return send, recv
+
+
 def _byte_shape(region: torch.Tensor) -> tuple[int, ...]:
     shape = list(region.shape)
     shape[-1] *= region.element_size()
@@ -443,7 +509,8 @@ def transfer(
     """One shot: ``WeightTransfer(src, dst, ...).run(out=..., verify=...)``.
 
     Keyword arguments ``out`` and ``verify`` go to :meth:`WeightTransfer.run`, the
-    others (``bucket_bytes``, ``ranks_per_host``, ``timeout``) to the constructor.
+    others (``bucket_bytes``, ``ranks_per_host``, ``timeout``, ``group``, ``buffers``) to the
+    constructor.
     """
     run_kw = {k: kw.pop(k) for k in ("out", "verify", "src_tensors") if k in kw}
     return WeightTransfer(src, dst, **kw).run(**run_kw)

@@ -14,9 +14,9 @@ import hashlib
 import json
 import pickle
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,6 +26,9 @@ from ..sharding import ShardingSpec
 from . import _c10d
 from ._errors import MeshMismatchError, RankTimeoutError, format_ranks
 from ._store import gather_arrivals
+
+if TYPE_CHECKING:
+    from ._sync import SyncGroup
 
 __all__ = [
     "check_piece",
@@ -39,10 +42,10 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------- inputs
-def _spec_of_dtensor(value: Any) -> ShardingSpec:
+def _spec_of_dtensor(value: Any, rank_map: Mapping[int, int] | None) -> ShardingSpec:
     from .checkpoint._planners import dtensor_spec  # DTensor users have DCP loaded
 
-    return dtensor_spec(value)
+    return dtensor_spec(value, rank_map=rank_map, root=True)
 
 
 def is_dtensor(value: object) -> bool:
@@ -50,10 +53,16 @@ def is_dtensor(value: object) -> bool:
     return module is not None and isinstance(value, module.DTensor)
 
 
-def source_piece(name: str, value: object, me: int) -> tuple[torch.Tensor, ShardingSpec]:
-    """(local piece, spec) of one source entry: a DTensor or ``(tensor, ShardingSpec)``."""
+def source_piece(
+    name: str, value: object, me: int, rank_map: Mapping[int, int] | None = None
+) -> tuple[torch.Tensor, ShardingSpec]:
+    """(local piece, spec) of one source entry: a DTensor or ``(tensor, ShardingSpec)``.
+
+    ``rank_map``: default-group rank -> rank of the transfer's group, applied to a
+    DTensor's mesh (a ``(tensor, spec)`` pair is already in the transfer's ranks).
+    """
     if is_dtensor(value):
-        spec = _spec_of_dtensor(value)
+        spec = _spec_of_dtensor(value, rank_map)
         local = _c10d.local_tensor(value)
     elif (
         isinstance(value, tuple)
@@ -171,13 +180,18 @@ def _wait_key(
 
 
 def _describe_others(
-    store: Any, me: int, ns: str, names: list[str], ranks: Sequence[int] | None = None
+    store: Any,
+    me: int,
+    ns: str,
+    names: list[str],
+    world_size: int,
+    ranks: Sequence[int] | None = None,
 ) -> str:
     """Failure path: what other ranks (default: every rank) last constructed, when it
     is not this WeightTransfer (O(ranks) store reads)."""
     lines = []
     mine = set(names)
-    for r in range(dist.get_world_size()) if ranks is None else ranks:
+    for r in range(world_size) if ranks is None else ranks:
         key = f"meshlayout/transfer/last/{r}"
         if r == me or not store.check([key]):
             if r != me and ranks is not None:
@@ -196,12 +210,17 @@ def _describe_others(
     return "".join(lines)
 
 
-def exchange(me: int, meta: _Meta, timeout: timedelta) -> tuple[tuple[int, ...], _Meta]:
-    """Agree on every tensor's specs and dtypes with the other ranks (see module doc)."""
-    store = _c10d.default_store()
+def exchange(
+    me: int, meta: _Meta, timeout: timedelta, group: SyncGroup | None = None
+) -> tuple[tuple[int, ...], _Meta]:
+    """Agree on every tensor's specs and dtypes with the other ranks (see module doc),
+    through the default store, or ``group``'s own store (ranks are then its ranks)."""
+    if group is None:
+        store, world, ns = _c10d.default_store(), dist.get_world_size(), _SEQUENCE.next()
+    else:
+        store, world, ns = group.store, group.world_size, group.next_key("transfer")
     src_meta, dst_meta = meta
     names = sorted(set(src_meta) | set(dst_meta))
-    ns = _SEQUENCE.next()
     store.set(f"meshlayout/transfer/last/{me}", json.dumps({"key": ns, "names": names}))
     secs = f"{timeout.total_seconds():g}s"
     if src_meta:
@@ -217,7 +236,7 @@ def exchange(me: int, meta: _Meta, timeout: timedelta) -> tuple[tuple[int, ...],
             f"WeightTransfer: rank {me} waited {secs}; no {side} rank reached this "
             f"WeightTransfer ({ns})",
             [],
-            lambda: _describe_others(store, me, ns, names),
+            lambda: _describe_others(store, me, ns, names, world),
         )
         sides[key] = [int(r) for r in text.decode().split()]
     union = tuple(sorted(set(sides["S"]) | set(sides["D"])))
@@ -233,7 +252,7 @@ def exchange(me: int, meta: _Meta, timeout: timedelta) -> tuple[tuple[int, ...],
     try:
         gather_arrivals(store, ns, union, me, timeout, "WeightTransfer metadata exchange")
     except RankTimeoutError as exc:
-        note = _describe_others(store, me, ns, names, exc.missing)
+        note = _describe_others(store, me, ns, names, world, exc.missing)
         raise RankTimeoutError(f"{exc}{note}", missing=exc.missing) from exc
     leader = union[0]
     if me == leader:

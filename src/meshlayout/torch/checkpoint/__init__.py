@@ -1,4 +1,4 @@
-"""Exact checkpoints on ``torch.distributed.checkpoint`` (DCP): DESIGN.md §7.
+"""Exact checkpoints on ``torch.distributed.checkpoint`` (DCP): ``docs/checkpoint.md``.
 
 Every DTensor is saved as the chunks its ranks really hold (the nested shard order
 of FSDP2 / TP / redistribute, read by :class:`~meshlayout.sharding.ShardingSpec`),
@@ -7,7 +7,7 @@ saved chunks overlapping it, on any mesh, any number of processes, or into plain
 tensors on one process. The files are standard DCP. See ``docs/checkpoint.md``.
 
 :func:`export_safetensors` writes any checkpoint that tiles as Hugging Face
-safetensors in one process, streaming (DESIGN.md §9); :func:`describe_checkpoint`
+safetensors in one process, streaming; :func:`describe_checkpoint`
 and :func:`describe_safetensors` report what a checkpoint or a safetensors model
 holds. Everything here that reads a checkpoint (but ``load``, which is DCP's reader)
 unpickles with an allow-list: safe on untrusted files.
@@ -40,6 +40,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from .._requirements import TORCH_VERSION
 from ._export import ExportResult, NotExportableError, export_safetensors
 from ._inspect import describe_checkpoint, read_metadata
+from ._keys import CheckpointKeyError
 from ._plan import Chunk, ChunkIndex, Read, Tiling, replica_dims, tiling, written_boxes
 from ._planners import ExactLoadPlanner, ExactSavePlanner, dtensor_spec
 from ._safe_pickle import properties_fields
@@ -94,22 +95,29 @@ def _no_dist(no_dist: bool) -> bool:
     return no_dist or not (dist.is_available() and dist.is_initialized())
 
 
-def _plain_error(exc: BaseException) -> BaseException:
-    """DCP's CheckpointException as one ValueError/TypeError when every rank failed with one.
+#: The input errors of our planners that the wrappers re-raise as themselves.
+_PLAIN = (ValueError, TypeError, CheckpointKeyError)
+
+
+def _plain_error(exc: BaseException, where: str = "", ranks: bool = True) -> BaseException:
+    """DCP's CheckpointException as one plain error when every rank failed with an input error.
 
     DCP wraps planning errors of every rank into a ``CheckpointException`` (a
-    ``BaseException``); our planners' errors are ordinary input errors, so the wrappers
-    report the first one, naming the ranks that raised.
+    ``BaseException``); our planners' errors are ordinary input errors
+    (``ValueError``, ``TypeError``, ``KeyError`` for keys the checkpoint lacks), so the
+    wrappers report the first one, naming the ranks that raised: the same line on
+    every rank, since DCP hands every rank the same exception. ``where`` starts the
+    message; ``ranks=False`` (one process, no process group) leaves the ranks out.
     """
     failures = getattr(exc, "failures", None)
     if not isinstance(failures, dict) or not failures:
         return exc
     inner = [f[0] if isinstance(f, tuple) else f for f in failures.values()]
     kinds = {type(e) for e in inner}
-    if not kinds <= {ValueError, TypeError}:
+    if not kinds <= set(_PLAIN):
         return exc
-    kind = TypeError if kinds == {TypeError} else ValueError
-    return kind(f"ranks {sorted(failures)}: {inner[0]}")
+    kind = kinds.pop() if len(kinds) == 1 else ValueError
+    return kind(f"{where}{f'ranks {sorted(failures)}: ' if ranks else ''}{inner[0]}")
 
 
 def _newer_metadata(checkpoint_id: object) -> ValueError | None:
@@ -138,15 +146,52 @@ def _newer_metadata(checkpoint_id: object) -> ValueError | None:
 
 
 @contextlib.contextmanager
-def _plain_errors() -> Iterator[None]:
+def _plain_errors(where: str = "", ranks: bool = True) -> Iterator[None]:
     """Re-raise DCP's CheckpointException of input errors as :func:`_plain_error` says."""
     try:
         yield
     except BaseException as exc:
-        plain = _plain_error(exc)
+        plain = _plain_error(exc, where, ranks)
         if plain is exc:
             raise
         raise plain from exc
+
+
+def _missing_checkpoint(checkpoint_id: CheckpointId | None) -> str | None:
+    """Why ``checkpoint_id`` holds no checkpoint DCP's file-system reader can load, or None.
+
+    Only local paths are checked (a URL such as ``s3://...`` goes to DCP's fsspec
+    reader as it is); a folder with DCP's per-rank ``__<rank>.metadata`` files passes.
+    """
+    if checkpoint_id is None or "://" in os.fspath(checkpoint_id):
+        return None
+    path = os.fspath(checkpoint_id)
+    if not os.path.exists(path):
+        return f"checkpoint {path!r} does not exist"
+    if not os.path.isdir(path):
+        return f"checkpoint {path!r} is not a directory (DCP checkpoints are directories)"
+    if not os.path.isfile(os.path.join(path, ".metadata")) and not any(
+        n.startswith("__") and n.endswith(".metadata") for n in os.listdir(path)
+    ):
+        return f"{path!r} holds no DCP checkpoint (no .metadata file)"
+    return None
+
+
+def _agreed(problem: str | None, process_group: Any, no_dist: bool) -> str | None:
+    """``problem`` as every rank of the load sees it: one all-gather, so that all raise
+    together (a rank whose file system lacks the checkpoint must not leave the others
+    waiting in DCP's collectives)."""
+    if no_dist:
+        return problem
+    seen: list[str | None] = [None] * dist.get_world_size(process_group)
+    dist.all_gather_object(seen, problem, group=process_group)
+    failed = {r: p for r, p in enumerate(seen) if p is not None}
+    if not failed:
+        return None
+    first = failed[min(failed)]
+    if len(failed) == len(seen) and len(set(failed.values())) == 1:
+        return first
+    return f"ranks {sorted(failed)} (of {len(seen)}): {first}"
 
 
 def save(
@@ -167,14 +212,16 @@ def save(
     other failures propagate as DCP raises them.
     """
     _check_args(state_dict, checkpoint_id, storage_writer, "save")
-    with _plain_errors():
+    no_dist = _no_dist(no_dist)
+    where = "" if checkpoint_id is None else f"save {os.fspath(checkpoint_id)!r}: "
+    with _plain_errors(where, ranks=not no_dist):
         metadata: Metadata = dcp_save(
             state_dict,
             checkpoint_id=checkpoint_id,
             storage_writer=storage_writer,
             planner=ExactSavePlanner(**planner_options),
             process_group=process_group,
-            no_dist=_no_dist(no_dist),
+            no_dist=no_dist,
         )
     return metadata
 
@@ -198,17 +245,33 @@ def load(
     written by torch >= 2.15 raises ``ValueError`` naming the fix (DCP's reader here
     cannot read its metadata; :func:`export_safetensors` and :func:`describe_checkpoint`
     can).
+
+    Mistakes are one line, the same on every rank, ordinary exceptions (DCP's own
+    ``CheckpointException`` is a ``BaseException``): a ``checkpoint_id`` that is not a
+    checkpoint directory raises ``FileNotFoundError`` before DCP runs (the ranks agree
+    on it through one all-gather); a key the checkpoint lacks raises ``KeyError``
+    naming it, what the checkpoint holds and, for a flat state dict against a
+    checkpoint saved as ``{"model": ...}`` (or the reverse), the nesting.
     """
     _check_args(state_dict, checkpoint_id, storage_reader, "load")
+    no_dist = _no_dist(no_dist)
+    missing = _agreed(
+        _missing_checkpoint(checkpoint_id) if storage_reader is None else None,
+        process_group,
+        no_dist,
+    )
+    if missing is not None:
+        raise FileNotFoundError(f"load: {missing}")
+    where = "" if checkpoint_id is None else f"load {os.fspath(checkpoint_id)!r}: "
     try:
-        with _plain_errors():
+        with _plain_errors(where, ranks=not no_dist):
             dcp_load(
                 state_dict,
                 checkpoint_id=checkpoint_id,
                 storage_reader=storage_reader,
                 planner=ExactLoadPlanner(**planner_options),
                 process_group=process_group,
-                no_dist=_no_dist(no_dist),
+                no_dist=no_dist,
             )
     except BaseException as exc:  # DCP's CheckpointException is a BaseException
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):

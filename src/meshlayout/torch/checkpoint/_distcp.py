@@ -122,13 +122,22 @@ def locate(fd: int, offset: int, length: int, where: str) -> StoredTensor:
 
     Reads the zip directory and ``data.pkl`` only. ValueError naming ``where`` for
     anything but an uncompressed, little-endian archive of one plain tensor whose
-    elements lie inside its storage record.
+    elements lie inside its storage record; a file that ends before the item does says
+    it is truncated, with the bytes expected and present.
     """
+    size = os.fstat(fd).st_size
+    if offset + length > size:
+        present = max(0, min(length, size - offset))
+        raise ValueError(
+            f"{where}: truncated file: the item is bytes {offset}-{offset + length} "
+            f"({length} bytes), the file ends at byte {size} ({present} of them present)"
+        )
     head = _pread(fd, 4, offset)
     if head != b"PK\x03\x04":
         raise ValueError(
-            f"{where}: not a torch.save archive (DCP's default TORCH_SAVE serialization is "
-            "supported; safetensors-format DCP items are not)"
+            f"{where}: corrupt item: bytes {offset}-{offset + length} do not start a "
+            f"torch.save archive (they start {head!r}; DCP's default TORCH_SAVE "
+            "serialization is read, its safetensors format is not)"
         )
     try:
         archive = zipfile.ZipFile(io.BufferedReader(_Window(fd, offset, length)))
@@ -147,9 +156,9 @@ def locate(fd: int, offset: int, length: int, where: str) -> StoredTensor:
     except ValueError as exc:
         if str(exc).startswith(where):
             raise
-        raise ValueError(f"{where}: unreadable tensor item ({exc})") from None
+        raise ValueError(f"{where}: corrupt tensor item ({exc})") from None
     except (zipfile.BadZipFile, OSError, KeyError, EOFError, struct.error) as exc:
-        raise ValueError(f"{where}: unreadable tensor item ({type(exc).__name__}: {exc})") from None
+        raise ValueError(f"{where}: corrupt tensor item ({type(exc).__name__}: {exc})") from None
     if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
         raise ValueError(f"{where}: compressed storage record (torch.save never compresses)")
     local = _LOCAL_HEADER.unpack(_pread(fd, _LOCAL_HEADER.size, offset + info.header_offset))

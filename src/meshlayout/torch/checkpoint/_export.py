@@ -1,4 +1,6 @@
-"""``export_safetensors``: a DCP checkpoint to Hugging Face safetensors, streamed (DESIGN §9).
+"""``export_safetensors``: a DCP checkpoint to Hugging Face safetensors, streamed.
+
+See ``docs/checkpoint.md#export-to-hugging-face-safetensors``.
 
 One process, no process group. The plan is made and checked before anything is
 written: every selected tensor's saved chunks must tile it exactly
@@ -59,7 +61,8 @@ _MIN_BUFFER = 64
 
 class NotExportableError(ValueError):
     """The checkpoint does not hold some tensor exactly: its chunks leave a hole or
-    overlap, or a stored chunk is not what the metadata says (nothing was written)."""
+    overlap, a stored chunk is not what the metadata says, or its data file is missing,
+    truncated, corrupt or refused by the safe reader (nothing was written)."""
 
 
 @dataclass(frozen=True)
@@ -115,13 +118,34 @@ def _path(value: Any, what: str) -> Path:
     return Path(value)
 
 
-def _selected(metadata: Metadata, keys: Iterable[str] | None) -> list[str]:
+def _chosen(keys: Callable[[str], bool], tensors: list[str]) -> list[str]:
+    """The tensor names the predicate ``keys`` says yes to (it must answer a bool)."""
+    out = []
+    for name in tensors:
+        answer = keys(name)
+        if not isinstance(answer, (bool, np.bool_)):
+            raise TypeError(f"keys({name!r}) returned {answer!r}; a keys callable returns a bool")
+        if answer:
+            out.append(name)
+    if tensors and not out:
+        some = ", ".join(tensors[:6]) + (", ..." if len(tensors) > 6 else "")
+        raise ValueError(f"keys: the callable selects none of the checkpoint's tensors ({some})")
+    return out
+
+
+def _selected(metadata: Metadata, keys: Iterable[str] | Callable[[str], bool] | None) -> list[str]:
     entries = metadata.state_dict_metadata
     tensors = sorted(n for n, md in entries.items() if isinstance(md, TensorStorageMetadata))
     if keys is None:
         return tensors
     if isinstance(keys, str):
-        raise TypeError(f"keys must be an iterable of names, got the string {keys!r}")
+        raise TypeError(f"keys must be an iterable of names or a callable, got the string {keys!r}")
+    if callable(keys):
+        return _chosen(keys, tensors)
+    if not isinstance(keys, Iterable):
+        raise TypeError(
+            f"keys must be an iterable of names or a callable name -> bool, got {keys!r}"
+        )
     wanted = list(dict.fromkeys(keys))
     for key in wanted:
         if not isinstance(key, str):
@@ -155,10 +179,20 @@ def _renamed(
     return out
 
 
-def _out_dtype(stored: torch.dtype, dtype: torch.dtype | None) -> torch.dtype:
-    """Floating-point tensors of 16 bits or more take ``dtype``; integer, bool and 8-bit
-    float tensors (quantized weights, whose scales live beside them) keep theirs."""
-    if dtype is None or not stored.is_floating_point or _itemsize(stored) < 2:
+def _out_dtype(
+    stored: torch.dtype, dtype: torch.dtype | None, shape: tuple[int, ...]
+) -> torch.dtype:
+    """Floating-point tensors of 16 bits or more with at least one dim take ``dtype``.
+
+    Integer, bool and 8-bit float tensors (quantized weights, whose scales live beside
+    them) keep theirs, and so do 0-d tensors: scalars such as scales or an optimizer's
+    ``step`` (bf16 stores 10000.0 as 9984.0), a few bytes each.
+
+    >>> bf16 = torch.bfloat16
+    >>> _out_dtype(torch.float32, bf16, (4, 4)), _out_dtype(torch.float32, bf16, ())
+    (torch.bfloat16, torch.float32)
+    """
+    if dtype is None or not stored.is_floating_point or _itemsize(stored) < 2 or not shape:
         return stored
     return dtype
 
@@ -203,7 +237,7 @@ def _plan(
         assert isinstance(md, TensorStorageMetadata)
         shape = tuple(int(s) for s in md.size)
         stored_dtype = md.properties.dtype
-        out_dtype = _out_dtype(stored_dtype, dtype)
+        out_dtype = _out_dtype(stored_dtype, dtype, shape)
         try:
             dtype_name(out_dtype)
         except ValueError as exc:
@@ -224,7 +258,7 @@ def _plan(
             where = f"tensor {name!r} chunk {i} at offsets {offsets}"
             info = storage.get(MetadataIndex(name, offsets))
             if info is None:
-                raise ValueError(f"{where}: no storage entry in the metadata")
+                raise NotExportableError(f"{where}: no storage entry in the metadata")
             if getattr(info, "transform_descriptors", None):
                 raise ValueError(
                     f"{where}: stored with transforms {list(info.transform_descriptors)} "
@@ -234,12 +268,19 @@ def _plan(
             try:
                 f = files.get(path)
             except OSError as exc:
-                raise ValueError(
-                    f"{where}: cannot open {info.relative_path}: {exc.strerror}"
+                raise NotExportableError(
+                    f"{where}: cannot open {info.relative_path}: {exc.strerror}; nothing was "
+                    "written"
                 ) from None
-            stored = locate(
-                f.fileno(), int(info.offset), int(info.length), f"{where} in {info.relative_path}"
-            )
+            try:
+                stored = locate(
+                    f.fileno(),
+                    int(info.offset),
+                    int(info.length),
+                    f"{where} in {info.relative_path}",
+                )
+            except ValueError as exc:  # truncated, corrupt or crafted: the data is not there
+                raise NotExportableError(f"{exc}; nothing was written") from None
             if stored.shape != sizes or stored.dtype != stored_dtype:
                 raise NotExportableError(
                     f"{where}: the metadata says {sizes} {stored_dtype}, {info.relative_path} "
@@ -428,7 +469,7 @@ def export_safetensors(
     checkpoint_id: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
     *,
-    keys: Iterable[str] | None = None,
+    keys: Iterable[str] | Callable[[str], bool] | None = None,
     rename: Mapping[str, str] | Callable[[str], str] | None = None,
     dtype: str | torch.dtype | None = None,
     max_file_bytes: int = 5 * 2**30,
@@ -444,12 +485,14 @@ def export_safetensors(
     full tensors, in output-name order; a tensor larger than ``max_file_bytes`` gets a
     file of its own.
 
-    ``keys``: checkpoint names to export (default every tensor; non-tensor values are
-    skipped). ``rename``: mapping (names it lacks keep theirs) or callable, checkpoint
-    name -> output name. ``dtype`` (``"bf16"``, ``"BF16"``, ``torch.bfloat16``, ...):
-    floating-point tensors of 16 bits or more are cast to it on the way; integer, bool
-    and float8 tensors keep their dtype. ``buffer_bytes``: the slab buffers' total size (resident memory stays
-    near it above the interpreter's). ``progress``: True draws a tqdm bar on stderr; a
+    ``keys``: which tensors: checkpoint names, or a callable name -> bool such as
+    ``lambda n: n.startswith("model.")`` (default every tensor; non-tensor values are
+    skipped; a callable that selects nothing raises ValueError). ``rename``: mapping
+    (names it lacks keep theirs) or callable, checkpoint name -> output name. ``dtype``
+    (``"bf16"``, ``"BF16"``, ``torch.bfloat16``, ...): floating-point tensors of 16 bits
+    or more are cast to it on the way; integer, bool and float8 tensors, and 0-d
+    tensors, keep their dtype. ``buffer_bytes``: the slab buffers' total size (resident
+    memory stays near it above the interpreter's). ``progress``: True draws a tqdm bar on stderr; a
     callable gets ``(bytes_done, bytes_total)``.
 
     Raises, before writing anything: ValueError naming the tensor and the region when

@@ -30,7 +30,7 @@ from ._distcp import StoredTensor, locate, safe_relative
 from ._plan import tiling
 from ._safe_pickle import load_metadata
 
-__all__ = ["describe_checkpoint", "read_metadata", "writer_rank"]
+__all__ = ["describe_checkpoint", "read_metadata", "tensor_names", "writer_rank"]
 
 _FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
 
@@ -61,6 +61,12 @@ def read_metadata(path: str | os.PathLike[str]) -> Metadata:
         raise FileNotFoundError(f"{str(path)!r} holds no DCP checkpoint (no .metadata file)")
     with open(file, "rb") as f:
         return load_metadata(f, str(file))
+
+
+def tensor_names(path: str | os.PathLike[str]) -> list[str]:
+    """The sorted names of the tensors (not the other values) of the checkpoint in ``path``."""
+    entries = read_metadata(path).state_dict_metadata
+    return sorted(n for n, md in entries.items() if isinstance(md, TensorStorageMetadata))
 
 
 def _dtype(dtype: torch.dtype) -> str:
@@ -102,15 +108,22 @@ def _verify(
             continue
         if where.get("transformed"):
             continue  # compressed or otherwise transformed: not verified
+        at = f"chunk {i} at offsets {tuple(int(o) for o in chunk.offsets)}"
         try:
             value = _stored_tensor(root, where)
-        except Exception as exc:
-            bad.append(f"chunk {i} in {where['file']}: unreadable ({type(exc).__name__}: {exc})")
+        except ValueError as exc:  # names the file: truncated, corrupt, refused, outside
+            bad.append(f"{at}: {exc}")
+            continue
+        except OSError as exc:
+            bad.append(f"{at}: cannot read {where['file']}: {exc.strerror or exc}")
+            continue
+        except Exception as exc:  # anything else a damaged or crafted file raises
+            bad.append(f"{at}: {where['file']}: unreadable ({type(exc).__name__}: {exc})")
             continue
         sizes = tuple(int(s) for s in chunk.sizes)
         if tuple(value.shape) != sizes or value.dtype != md.properties.dtype:
             bad.append(
-                f"chunk {i} at offsets {tuple(chunk.offsets)}: metadata says "
+                f"{at}: metadata says "
                 f"{sizes} {_dtype(md.properties.dtype)}, {where['file']} holds "
                 f"{tuple(value.shape)} {_dtype(value.dtype)}"
             )

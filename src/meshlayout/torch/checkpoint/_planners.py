@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import io
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -53,6 +53,7 @@ from torch.distributed.tensor import DTensor
 from ...mesh import Mesh
 from ...sharding import Box, Partial, RunBox, ShardingSpec, run_boxes
 from .._c10d import local_tensor
+from ._keys import CheckpointKeyError, missing_keys_message
 from ._plan import ChunkIndex, written_boxes
 
 __all__ = ["ExactLoadPlanner", "ExactSavePlanner", "dtensor_spec"]
@@ -72,20 +73,54 @@ def _spec(shape: tuple[int, ...], mesh: Mesh, placements: tuple[Any, ...]) -> Sh
     return ShardingSpec.from_torch(shape, mesh, placements)
 
 
-def dtensor_spec(tensor: DTensor) -> ShardingSpec:
+def _on_root(dm: Any, placements: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+    """A sub-mesh's DTensor seen on its root mesh: ``Replicate`` along the root dims the
+    sub-mesh lacks (its values are replicated there, e.g. a norm under FSDP2 over the
+    dp dims of a dp x tp mesh). Unchanged when the names do not map (flattened dims)."""
+    from torch.distributed.tensor import Replicate
+
+    from .._c10d import root_mesh
+
+    root = root_mesh(dm)
+    if root is dm or root is None or not dm.mesh_dim_names or not root.mesh_dim_names:
+        return dm, placements
+    names = list(root.mesh_dim_names)
+    if not set(dm.mesh_dim_names) <= set(names):
+        return dm, placements
+    by_name = dict(zip(dm.mesh_dim_names, placements))
+    return root, tuple(by_name.get(n, Replicate()) for n in names)
+
+
+def dtensor_spec(
+    tensor: DTensor, *, rank_map: Mapping[int, int] | None = None, root: bool = False
+) -> ShardingSpec:
     """The :class:`ShardingSpec` of a DTensor over its concrete device mesh (global ranks).
 
     ``_StridedShard`` lists are read in the nested shard order (FSDP2 / TP /
     redistribute), see ``docs/checkpoint.md``. Cached per (shape, mesh, placements).
+    ``rank_map``: global rank -> rank of another group (a sync group), applied to the
+    mesh; a rank it lacks raises ``KeyError``. ``root``: describe a DTensor of a
+    sliced mesh over the mesh it was sliced from (``Replicate`` along the other dims),
+    so replicas on several sub-meshes share one spec.
     """
     if not isinstance(tensor, DTensor):
         raise TypeError(f"expected a DTensor, got {type(tensor).__name__}")
     dm = tensor.device_mesh
+    placements = tuple(tensor.placements)
+    if root:
+        dm, placements = _on_root(dm, placements)
     ranks = tuple(int(r) for r in dm.mesh.reshape(-1).tolist())
+    if rank_map is not None:
+        absent = [r for r in ranks if r not in rank_map]
+        if absent:
+            raise KeyError(
+                f"the DTensor's mesh holds ranks {absent[:16]} of this process's default "
+                f"group that did not join the group (joined: {sorted(rank_map)[:16]})"
+            )
+        ranks = tuple(rank_map[r] for r in ranks)
     names = tuple(dm.mesh_dim_names) if dm.mesh_dim_names else None
     mesh = _mesh(tuple(int(s) for s in dm.mesh.shape), names, ranks)
     shape = tuple(int(s) for s in tensor.shape)
-    placements = tuple(tensor.placements)
     try:
         return _spec(shape, mesh, placements)
     except TypeError:  # an unhashable placement: no caching
@@ -256,7 +291,9 @@ class ExactLoadPlanner(DefaultLoadPlanner):
     :func:`dtensor_spec`) and plain tensors. Each destination element must be covered
     by exactly one saved chunk, else ``ValueError`` names the tensor, the box and what
     is missing or ambiguous (the default planner would keep stale values silently).
-    Keys, ``allow_partial_load``, non-tensor values and flattening are DCP's.
+    Keys, ``allow_partial_load``, non-tensor values and flattening are DCP's; a key the
+    checkpoint lacks raises ``KeyError`` naming it, what the checkpoint holds and, when
+    the nesting differs (a flat state dict against ``{"model": ...}``), the nesting.
 
     Usage: ``dcp.load(state_dict, checkpoint_id=path, planner=ExactLoadPlanner())``.
     """
@@ -273,7 +310,14 @@ class ExactLoadPlanner(DefaultLoadPlanner):
         self.state_dict = self._stand_ins
 
     def create_local_plan(self) -> LoadPlan:
-        plan = super().create_local_plan()
+        try:
+            plan = super().create_local_plan()
+        except RuntimeError:  # DCP's "Missing key in checkpoint state_dict": say which and why
+            stored = self._require_metadata().state_dict_metadata
+            missing = [k for k in self.state_dict if k not in stored]
+            if not missing:
+                raise
+            raise CheckpointKeyError(missing_keys_message(missing, list(stored))) from None
         if self.state_dict is not self._stand_ins:
             # The parent fell back to pre-2.4 key flattening and swapped the state dict.
             self._plain = self.state_dict

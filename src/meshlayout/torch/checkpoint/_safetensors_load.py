@@ -1,4 +1,6 @@
-"""``load_safetensors``: fill each rank's pieces from Hugging Face safetensors files (DESIGN §9).
+"""``load_safetensors``: fill each rank's pieces from Hugging Face safetensors files.
+
+See ``docs/checkpoint.md#hugging-face-to-training``.
 
 Every rank, no collectives: for each tensor of the state dict, the rank reads from the
 file only the byte ranges of the run boxes it holds (the nested shard order of
