@@ -36,10 +36,11 @@ TORCH_VENV := .venv-torch-$(TORCH)
 TORCH_VENV_PY := $(TORCH_VENV)/bin/python
 TORCH_STAMP := $(TORCH_VENV)/.installed
 TORCH_PIP := PIP_CONSTRAINT=/dev/null $(TORCH_VENV_PY) -m pip install --quiet --no-cache-dir
-# torchtitan 0.3.0 needs torch >= 2.11 (through torch_checkpointing): not installed on 2.10,
-# where its tests skip saying so.
+# torchtitan 0.3.0 needs torch >= 2.12 (2.10: torch_checkpointing refuses it; 2.11: its FSDP
+# code imports DataParallelMeshDims, new in 2.12): not installed on 2.10 and 2.11, where its
+# tests skip saying so.
 comma := ,
-TORCH_EXTRAS := dev,torch,transformers$(if $(filter 2.10.%,$(TORCH)),,$(comma)torchtitan)
+TORCH_EXTRAS := dev,torch,transformers$(if $(filter 2.10.% 2.11.%,$(TORCH)),,$(comma)torchtitan)
 # The torch side: every test in a file that needs torch, then the torch tests of the other files.
 TORCH_TEST_FILES := $(sort $(wildcard tests/test_*torch*.py) tests/test_demo.py tests/test_sharding_multiproc.py)
 TORCH_PYTEST_ARGS ?= -n 2 --dist loadgroup -q

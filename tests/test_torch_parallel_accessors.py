@@ -24,7 +24,6 @@ Two halves:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import subprocess
@@ -37,7 +36,7 @@ import pytest
 import torchtitan_configs
 from meshlayout import ParallelDims
 from meshlayout.torchtitan_names import ONE_DIMENSIONAL, TORCHTITAN_NAMES
-from torch_versions import ONE_MEMBER_BACKEND
+from torch_versions import ONE_MEMBER_BACKEND, TORCHTITAN_USABLE
 from torchtitan_configs import COMBOS, DEGREES, ETP_COMBOS, TITAN, TITAN_SPMD_TYPES
 
 #: Names and combinations torchtitan 0.3.0 has no mesh for (meshlayout's own views).
@@ -155,7 +154,7 @@ def _answers(cfg: dict[str, int], rank: int) -> dict[str, Any]:
         dist.destroy_process_group()
 
 
-_HAVE_TORCHTITAN = importlib.util.find_spec("torchtitan") is not None
+_HAVE_TORCHTITAN = TORCHTITAN_USABLE
 
 
 def _main() -> None:

@@ -30,16 +30,21 @@ saved model, optimizer, LR-scheduler and step state would leave its losses.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
 
-from torch_versions import DCP_NAMES_OVERLAP, DCP_OVERLAP, TORCH, TORCHTITAN_MISSING
+from torch_versions import (
+    DCP_NAMES_OVERLAP,
+    DCP_OVERLAP,
+    TORCH,
+    TORCHTITAN_MISSING,
+    TORCHTITAN_USABLE,
+)
 
 pytest.importorskip("torch")
-if importlib.util.find_spec("torchtitan") is None:
+if not TORCHTITAN_USABLE:
     pytest.skip(TORCHTITAN_MISSING, allow_module_level=True)
 
 import titan_harness

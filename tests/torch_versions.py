@@ -11,6 +11,7 @@ guarantees (``describes_torch`` skips a test that is only about torch, and
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import re
 
 import pytest
@@ -32,13 +33,19 @@ def torch_version() -> tuple[int, int] | None:
 TORCH = torch_version()
 TORCH_IS_KNOWN = TORCH in KNOWN_TORCH
 
-#: torchtitan 0.3.0 (the ``torchtitan`` extra) needs torch >= 2.11 (torch_checkpointing).
-TORCHTITAN_MIN_TORCH = (2, 11)
+#: torchtitan 0.3.0 (the ``torchtitan`` extra) needs torch >= 2.12: pip cannot install it on
+#: 2.10 (torch_checkpointing), and on 2.11 its FSDP code imports DataParallelMeshDims (2.12).
+TORCHTITAN_MIN_TORCH = (2, 12)
+TORCHTITAN_USABLE = importlib.util.find_spec("torchtitan") is not None and (
+    TORCH is None or TORCH >= TORCHTITAN_MIN_TORCH
+)
+"""Whether the torchtitan comparisons can run here."""
 TORCHTITAN_MISSING = "needs the `torchtitan` extra" + (
-    f" (torchtitan 0.3.0 needs torch >= 2.11; torch here is {'.'.join(map(str, TORCH))})"
+    f" (torchtitan 0.3.0 needs torch >= 2.12; torch here is {'.'.join(map(str, TORCH))})"
     if TORCH is not None and TORCH < TORCHTITAN_MIN_TORCH
     else ""
 )
+
 
 #: The backend of meshlayout's one-member groups in a gloo world: torch's local "fake"
 #: backend where it copies for every collective (2.13 and newer), else a real one-rank

@@ -49,24 +49,27 @@ def require_torch() -> tuple[int, int]:
 TORCH_VERSION = require_torch()
 """``(major, minor)`` of the installed torch."""
 
-TORCHTITAN_MIN_TORCH = (2, 11)
-"""torchtitan 0.3.0 needs torch >= 2.11 (through its ``torch_checkpointing`` dependency)."""
+TORCHTITAN_MIN_TORCH = (2, 12)
+"""torchtitan 0.3.0 needs torch >= 2.12: pip cannot install it on 2.10 (its
+``torch_checkpointing`` dependency needs 2.11), and on 2.11 its FSDP code fails to
+import (``torch.distributed.fsdp.DataParallelMeshDims`` is new in 2.12)."""
 
 
 def require_torchtitan() -> None:
-    """ImportError naming the fix when torchtitan (the ``torchtitan`` extra) is missing,
-    and why pip would not install it on torch 2.10."""
+    """ImportError naming the fix when torchtitan (the ``torchtitan`` extra) is missing
+    or the installed torch is too old for torchtitan 0.3.0 (see
+    :data:`TORCHTITAN_MIN_TORCH`)."""
+    import torch
+
+    if TORCH_VERSION < TORCHTITAN_MIN_TORCH:
+        raise ImportError(
+            "meshlayout.torch.torchtitan needs torchtitan 0.3.0, which needs torch >= 2.12 "
+            "(2.10: pip cannot install it, torch_checkpointing needs 2.11; 2.11: its FSDP "
+            "code imports torch.distributed.fsdp.DataParallelMeshDims, new in 2.12), found "
+            f"{torch.__version__}: upgrade torch, then pip install 'meshlayout[torchtitan]'"
+        )
     if importlib.util.find_spec("torchtitan") is not None:
         return
-    hint = ""
-    if TORCH_VERSION < TORCHTITAN_MIN_TORCH:
-        import torch
-
-        hint = (
-            "; torchtitan 0.3.0 needs torch >= 2.11 (through torch_checkpointing), found "
-            f"{torch.__version__}: upgrade torch first"
-        )
     raise ImportError(
-        "meshlayout.torch.torchtitan needs torchtitan 0.3.0: pip install "
-        f"'meshlayout[torchtitan]'{hint}"
+        "meshlayout.torch.torchtitan needs torchtitan 0.3.0: pip install 'meshlayout[torchtitan]'"
     )
