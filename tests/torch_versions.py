@@ -40,11 +40,12 @@ TORCHTITAN_USABLE = importlib.util.find_spec("torchtitan") is not None and (
     TORCH is None or TORCH >= TORCHTITAN_MIN_TORCH
 )
 """Whether the torchtitan comparisons can run here."""
-TORCHTITAN_MISSING = "needs the `torchtitan` extra" + (
-    f" (torchtitan 0.3.0 needs torch >= 2.12; torch here is {'.'.join(map(str, TORCH))})"
+TORCHTITAN_MISSING = (
+    f"torchtitan 0.3.0 needs torch >= 2.12; torch here is {'.'.join(map(str, TORCH))}"
     if TORCH is not None and TORCH < TORCHTITAN_MIN_TORCH
-    else ""
+    else "needs the `torchtitan` extra"
 )
+"""Why the torchtitan comparisons skip here."""
 
 
 #: The backend of meshlayout's one-member groups in a gloo world: torch's local "fake"
