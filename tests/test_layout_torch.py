@@ -71,10 +71,13 @@ def test_coalesce_matches_torch(lay: Layout) -> None:
     if FLAT:
         assert dim.shape == tuple(s for s, _ in lay.coalesce().modes if s > 1)
     else:
-        # 2.10 to 2.12 then reset every stride 0 to 1 (``_MeshLayout.coalesce``): the same
-        # map for size-1 modes; a broadcast mode (size > 1, stride 0) is no mesh dim.
-        ours = lay.coalesce()
-        assert from_torch(dim.coalesce()) == Layout(ours.shape, _zero_to_one(ours.stride))
+        # 2.11 and 2.12 then reset every stride 0 to 1 (``_MeshLayout.coalesce``; 2.10
+        # does not): the same map for size-1 modes, and a broadcast mode (size > 1,
+        # stride 0) is no mesh dim. So both sides are compared with that reset.
+        theirs, ours = from_torch(dim.coalesce()), lay.coalesce()
+        assert Layout(theirs.shape, _zero_to_one(theirs.stride)) == Layout(
+            ours.shape, _zero_to_one(ours.stride)
+        )
 
 
 def _zero_to_one(stride: Any) -> Any:

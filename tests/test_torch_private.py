@@ -175,3 +175,24 @@ def f(tdm, pg):
     assert private_uses("def f(x):\n    return g(x, _cols=2), x._rank_map\n") == []  # ours
     assert private_uses("from .torch.checkpoint._inspect import describe\n") == []  # ours
     assert private_uses("import torch\ntorch.cuda._lazy_init()\n") == ["torch.cuda._lazy_init"]
+
+
+def test_dispatch_mode_sees_an_in_place_copy() -> None:
+    """``_c10d.dispatch_mode`` (the vLLM backend records weight loaders' copies with it)
+    works on this torch: a mode made from it sees ``copy_`` and its source."""
+    torch = pytest.importorskip("torch")
+    from meshlayout.torch._c10d import dispatch_mode
+
+    seen: list[tuple[str, object]] = []
+
+    class Recorder(dispatch_mode()):  # type: ignore[misc]
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            seen.append((str(func), args[1] if len(args) > 1 else None))
+            return func(*args, **(kwargs or {}))
+
+    dest, src = torch.zeros(3), torch.arange(3.0)
+    with Recorder():
+        dest.copy_(src)
+    assert torch.equal(dest, src)
+    assert [name for name, _ in seen] == ["aten.copy_.default"]
+    assert seen[0][1] is src

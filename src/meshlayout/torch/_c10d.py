@@ -222,8 +222,8 @@ def stateless_group(
     (``all_to_all_single``, ``allreduce``, ``broadcast``) work, with per-operation
     timeouts (the functions below).
 
-    Checked on 2.13.0 (gloo; nccl is built the way c10d builds it, unchecked here: no
-    GPU). Not yet run on 2.14.1.
+    Checked on 2.13.0, 2.10.0, 2.11.0, 2.12.1, 2.14.1, 2.15.0 (gloo: ``tests/test_torch_sync_group.py``;
+    nccl is built the way c10d builds it, unchecked here: no GPU).
     """
     from torch._C._distributed_c10d import PrefixStore, ProcessGroup
 
@@ -314,7 +314,10 @@ def device_mesh_over_groups(
 
 def dispatch_mode() -> Any:
     """torch's ``TorchDispatchMode`` base class (``torch.utils._python_dispatch``): the
-    vLLM backend records weight loaders' copies with it. Checked on 2.13.0."""
+    vLLM backend records weight loaders' copies with it.
+
+    Checked on 2.13.0, 2.10.0, 2.11.0, 2.12.1, 2.14.1, 2.15.0.
+    """
     from torch.utils._python_dispatch import TorchDispatchMode
 
     return TorchDispatchMode
@@ -323,7 +326,7 @@ def dispatch_mode() -> Any:
 def root_mesh(device_mesh: Any) -> Any:
     """The mesh ``device_mesh`` was sliced from (itself if none): ``_get_root_mesh``.
 
-    Checked on 2.13.0.
+    Checked on 2.13.0, 2.10.0, 2.11.0, 2.12.1, 2.14.1, 2.15.0.
     """
     return device_mesh._get_root_mesh()
 
