@@ -50,9 +50,9 @@ _HIDE_TORCHTITAN = (
 )
 
 
-@pytest.mark.parametrize("version", ["2.10.0", "2.11.0"])
+@pytest.mark.parametrize("version", ["2.10.0", "2.11.0", "2.12.1"])
 @pytest.mark.parametrize("hidden", [True, False])
-def test_torchtitan_on_a_torch_before_2_12_is_refused_naming_why(
+def test_torchtitan_on_a_torch_before_2_13_is_refused_naming_why(
     version: str, hidden: bool
 ) -> None:
     setup = f"{_HIDE_TORCHTITAN if hidden else ''}\nimport torch; torch.__version__ = {version!r}"
@@ -62,7 +62,7 @@ def test_torchtitan_on_a_torch_before_2_12_is_refused_naming_why(
         text=True,
     )
     assert out.returncode != 0
-    assert "which needs torch >= 2.12" in out.stderr
+    assert "needs torchtitan 0.3.0 on torch >= 2.13" in out.stderr
     assert "DataParallelMeshDims" in out.stderr
     assert f"found {version}: upgrade torch" in out.stderr
 
@@ -77,4 +77,4 @@ def test_missing_torchtitan_names_the_extra() -> None:
     assert out.returncode != 0
     assert "ImportError: meshlayout.torch.torchtitan needs torchtitan 0.3.0" in out.stderr
     assert "pip install 'meshlayout[torchtitan]'" in out.stderr
-    assert "needs torch >= 2.12" not in out.stderr
+    assert "torch >= 2.13" not in out.stderr

@@ -33,15 +33,15 @@ def torch_version() -> tuple[int, int] | None:
 TORCH = torch_version()
 TORCH_IS_KNOWN = TORCH in KNOWN_TORCH
 
-#: torchtitan 0.3.0 (the ``torchtitan`` extra) needs torch >= 2.12: pip cannot install it on
-#: 2.10 (torch_checkpointing), and on 2.11 its FSDP code imports DataParallelMeshDims (2.12).
-TORCHTITAN_MIN_TORCH = (2, 12)
+#: The torchtitan drop-in needs torch >= 2.13 (``meshlayout.torch._requirements``: 2.10 cannot
+#: install torchtitan 0.3.0, 2.11 cannot import it, on 2.12 its own build_mesh fails).
+TORCHTITAN_MIN_TORCH = (2, 13)
 TORCHTITAN_USABLE = importlib.util.find_spec("torchtitan") is not None and (
     TORCH is None or TORCH >= TORCHTITAN_MIN_TORCH
 )
 """Whether the torchtitan comparisons can run here."""
 TORCHTITAN_MISSING = (
-    f"torchtitan 0.3.0 needs torch >= 2.12; torch here is {'.'.join(map(str, TORCH))}"
+    f"the torchtitan drop-in needs torch >= 2.13; torch here is {'.'.join(map(str, TORCH))}"
     if TORCH is not None and TORCH < TORCHTITAN_MIN_TORCH
     else "needs the `torchtitan` extra"
 )

@@ -49,10 +49,13 @@ def require_torch() -> tuple[int, int]:
 TORCH_VERSION = require_torch()
 """``(major, minor)`` of the installed torch."""
 
-TORCHTITAN_MIN_TORCH = (2, 12)
-"""torchtitan 0.3.0 needs torch >= 2.12: pip cannot install it on 2.10 (its
-``torch_checkpointing`` dependency needs 2.11), and on 2.11 its FSDP code fails to
-import (``torch.distributed.fsdp.DataParallelMeshDims`` is new in 2.12)."""
+TORCHTITAN_MIN_TORCH = (2, 13)
+"""The drop-in needs torch >= 2.13 under torchtitan 0.3.0: pip cannot install torchtitan
+on 2.10 (its ``torch_checkpointing`` dependency needs 2.11); on 2.11 its FSDP code fails
+to import (``torch.distributed.fsdp.DataParallelMeshDims`` is new in 2.12); on 2.12
+torchtitan's own ``build_mesh`` raises ``KeyError`` for some meshes of its
+``spmd_types`` backend and our CPU runs of its trainer died with SIGSEGV, so the
+drop-in cannot be checked against it there."""
 
 
 def require_torchtitan() -> None:
@@ -63,9 +66,10 @@ def require_torchtitan() -> None:
 
     if TORCH_VERSION < TORCHTITAN_MIN_TORCH:
         raise ImportError(
-            "meshlayout.torch.torchtitan needs torchtitan 0.3.0, which needs torch >= 2.12 "
-            "(2.10: pip cannot install it, torch_checkpointing needs 2.11; 2.11: its FSDP "
-            "code imports torch.distributed.fsdp.DataParallelMeshDims, new in 2.12), found "
+            "meshlayout.torch.torchtitan needs torchtitan 0.3.0 on torch >= 2.13 (2.10: pip "
+            "cannot install it, torch_checkpointing needs 2.11; 2.11: its FSDP code imports "
+            "torch.distributed.fsdp.DataParallelMeshDims, new in 2.12; 2.12: its own "
+            "build_mesh fails for some meshes), found "
             f"{torch.__version__}: upgrade torch, then pip install 'meshlayout[torchtitan]'"
         )
     if importlib.util.find_spec("torchtitan") is not None:
