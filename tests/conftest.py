@@ -8,7 +8,6 @@ has ``deadline=None``.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import pytest
@@ -27,8 +26,10 @@ def torchtitan_reference() -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     carry ``xdist_group("torchtitan_reference")`` so ``make test`` (``--dist loadgroup``)
     runs them in one worker. Skips where torchtitan (the ``torchtitan`` extra) is absent.
     """
-    if importlib.util.find_spec("torchtitan") is None:
-        pytest.skip("torchtitan is not installed (the `torchtitan` extra)")
+    from torch_versions import TORCHTITAN_MISSING, TORCHTITAN_USABLE
+
+    if not TORCHTITAN_USABLE:
+        pytest.skip(TORCHTITAN_MISSING)
     import torchtitan_configs
     from torchtitan_reference import run_reference
 

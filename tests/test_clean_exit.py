@@ -30,6 +30,7 @@ import pytest
 pytest.importorskip("torch")
 
 from multiproc import run_multiproc
+from torch_versions import TORCH
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(1800)]
 
@@ -77,10 +78,13 @@ def test_the_drain_releases_destroyed_groups_and_parks_every_worker() -> None:
     out = run_multiproc(_groups_then_destroy, 4, timeout=600)
     for rank, got in enumerate(out):
         assert got["exact"], (rank, got)
+        assert got["forgotten"] >= 3, (rank, got)  # the world, tp and fsdp groups
+        if TORCH == (2, 10):  # gloo's workers are unnamed threads there: none to watch
+            assert got["before"] == got["after drain"] == 0, (rank, got)
+            continue
         # this test holds no group any more: meshlayout's cache kept every one alive
         # past destroy_process_group (the world group included), the drain joins them
         assert got["before"] > 0 and got["after destroy"] == got["before"], (rank, got)
-        assert got["forgotten"] >= 3, (rank, got)  # the world, tp and fsdp groups
         assert got["after drain"] < got["before"], (rank, got)
         assert got["running"] == [], (rank, got)
 

@@ -33,8 +33,9 @@ from meshlayout.demo import checkpoint as dc
 from meshlayout.demo.model import make_model as _make_model
 from meshlayout.torch import checkpoint as mlcp
 from multiproc import run_multiproc
+from torch_versions import dcp_overlap_refusal
 
-OVERLAP = "dcp.save fails: Failed to validate global plan: key:w has overlapping chunks"
+OVERLAP = "dcp.save fails: " + dcp_overlap_refusal("w")
 DEMO_NPROCS = [1, 2, 3, 4, 6, 8]  # the sizes DemoConfig accepts (tests/test_demo.py)
 
 

@@ -46,6 +46,7 @@ pytest.importorskip("safetensors")
 pytest.importorskip("transformers")
 
 from multiproc import run_multiproc
+from torch_versions import DCP_NAMES_OVERLAP, DCP_OVERLAP
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(900)]
 
@@ -288,8 +289,9 @@ def test_hf_round_trip_fsdp_over_tp(tmp_path: Path) -> None:
     # (its offsets for _StridedShard over an uneven TP split overlap), while the
     # Replicate detour (every rank holds every full tensor) writes the right values
     direct = results[0]["torch"]["direct"]
-    assert "has overlapping chunks" in direct, direct
-    assert "key:model.embed_tokens.weight" in direct or "key:lm_head.weight" in direct, direct
+    assert DCP_OVERLAP in direct, direct
+    if DCP_NAMES_OVERLAP:
+        assert "key:model.embed_tokens.weight" in direct or "key:lm_head.weight" in direct, direct
     assert not list((tmp_path / "torch_hf").glob("*.safetensors"))  # nothing consolidated
     detour = load_file(tmp_path / "torch_hf_detour" / "model-00001-of-00001.safetensors")
     assert all(torch.equal(detour[k], v) for k, v in trained.items())

@@ -1,11 +1,15 @@
-"""Cross-check against torch 2.13's private port of pycute (``torch.distributed._pycute``,
+"""Cross-check against torch's private port of pycute (``torch.distributed._pycute``,
 ``torch.distributed._mesh_layout``) where torch's answer is valid, and document where
 it is silently wrong and we are right.
 
-Convention: the torch 2.13 port is already *lexicographic* (row-major, last mode
-fastest, ``Layout((2, 3)).stride == (3, 1)``), unlike upstream CUTLASS pycute, so
-shapes and strides map one to one; no mode reversal is needed. Only the mode order
-of divide/product results differs (torch puts the tile / ``A`` first).
+Convention: the torch port is already *lexicographic* (row-major, last mode fastest,
+``Layout((2, 3)).stride == (3, 1)``), unlike upstream CUTLASS pycute, so shapes and
+strides map one to one; no mode reversal is needed. Only the mode order of
+divide/product results differs (torch puts the tile / ``A`` first).
+
+A mesh dim's layout: from torch 2.13 a ``_FlatLayout`` (normalised: flattened,
+coalesced, size-1 modes dropped); in 2.10 to 2.12 a ``_MeshLayout`` built from
+(sizes, strides), whose ``coalesce`` does the same but keeps the pycute form.
 """
 
 from __future__ import annotations
@@ -30,6 +34,16 @@ mesh_layout = pytest.importorskip("torch.distributed._mesh_layout")
 
 pytestmark = pytest.mark.torch
 
+#: torch 2.13 and newer: a dim is a ``_FlatLayout``; 2.10 to 2.12: a ``_MeshLayout``.
+FLAT = hasattr(mesh_layout, "_FlatLayout")
+
+
+def dim_layout(shape: Any, stride: Any) -> Any:
+    """torch's layout of one mesh dim, in the release's own class."""
+    if FLAT:
+        return mesh_layout._FlatLayout(shape, stride)
+    return mesh_layout._MeshLayout(shape, stride)
+
 
 def has_empty(t: Any) -> bool:
     return isinstance(t, tuple) and (not t or any(has_empty(e) for e in t))
@@ -53,8 +67,23 @@ def test_coalesce_matches_torch(lay: Layout) -> None:
     assume(not has_empty(lay.shape))  # pycute cannot represent an empty tuple mode
     theirs = from_torch(pycute.coalesce(to_torch(lay)))
     assert theirs == lay.coalesce()
-    flat = mesh_layout._FlatLayout(lay.shape, lay.stride)
-    assert flat.shape == tuple(s for s, _ in lay.coalesce().modes if s > 1)
+    dim = dim_layout(lay.shape, lay.stride)
+    if FLAT:
+        assert dim.shape == tuple(s for s, _ in lay.coalesce().modes if s > 1)
+    else:
+        # 2.11 and 2.12 then reset every stride 0 to 1 (``_MeshLayout.coalesce``; 2.10
+        # does not): the same map for size-1 modes, and a broadcast mode (size > 1,
+        # stride 0) is no mesh dim. So both sides are compared with that reset.
+        theirs, ours = from_torch(dim.coalesce()), lay.coalesce()
+        assert Layout(theirs.shape, _zero_to_one(theirs.stride)) == Layout(
+            ours.shape, _zero_to_one(ours.stride)
+        )
+
+
+def _zero_to_one(stride: Any) -> Any:
+    if isinstance(stride, tuple):
+        return tuple(_zero_to_one(s) for s in stride)
+    return 1 if stride == 0 else stride
 
 
 @given(compose_pairs())
@@ -75,18 +104,21 @@ def test_complement_matches_torch(a: Layout, cotarget: int) -> None:
     ours = a.complement(cotarget)
     theirs = from_torch(pycute.complement(to_torch(a), cotarget))
     assert theirs.coalesce() == ours
-    flat = mesh_layout._FlatLayout(a.shape, a.stride)
-    assert mesh_layout._FlatLayout(ours.shape, ours.stride) == flat.complement(cotarget)
+    dim = dim_layout(a.shape, a.stride)
+    if FLAT:
+        assert dim_layout(ours.shape, ours.stride) == dim.complement(cotarget)
+    else:
+        assert from_torch(dim.complement(cotarget)).coalesce() == ours
 
 
 def test_mesh_layout_global_ranks_match_divide() -> None:
     # torch's rank groups of tp=4 in a world of 16 == the rows of our logical_divide
     from meshlayout import logical_divide
 
-    flat = mesh_layout._FlatLayout((4,), (1,))
+    dim = dim_layout((4,), (1,))
     ours = logical_divide(Layout(16), 4)
     rows = ours.indices().reshape(4, 4).tolist()
-    assert flat.global_ranks(16) == rows
+    assert dim.global_ranks(16) == rows
 
 
 # ---------------------------------------------------------------------- torch silently wrong
@@ -97,9 +129,12 @@ def test_torch_composition_skips_shape_divisibility() -> None:
     theirs = from_torch(pycute.composition(to_torch(a), to_torch(b)))
     assert theirs == Layout(3, 1)  # size 3: B had 4 elements
     assert theirs.size() != b.size()
-    via_mesh = mesh_layout._FlatLayout((2, 3), (6, 1)).composition(
+    right = (
         mesh_layout._MeshLayout.from_sizes_strides((4,), (1,))
+        if FLAT
+        else mesh_layout._MeshLayout((4,), (1,))
     )
+    via_mesh = dim_layout((2, 3), (6, 1)).composition(right)
     assert via_mesh.numel() == 3
     with pytest.raises(ValueError, match="shape divisibility"):
         a.compose(b)

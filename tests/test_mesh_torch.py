@@ -144,7 +144,10 @@ def _torch_chain(dm: Any, ops: list[list[Any]]) -> Any:
         elif op[0] == "flatten":
             dm = dm._flatten(op[1])
         elif op[0] == "unflatten":
-            dm = dm._unflatten(op[1], tuple(op[2]), tuple(op[3]))
+            # by index: torch 2.10's _unflatten refuses every dim *name* it has (its
+            # check is inverted); an index means the same on every version
+            dim = dm.mesh_dim_names.index(op[1]) if isinstance(op[1], str) else op[1]
+            dm = dm._unflatten(dim, tuple(op[2]), tuple(op[3]))
         else:
             dm = DeviceMesh._concatenate([dm[tuple(op[1])], dm[tuple(op[2])]])
     return dm

@@ -19,7 +19,7 @@ pytest.importorskip("torch")
 from meshlayout.mesh import Mesh
 from meshlayout.sharding import ShardingSpec
 from multiproc import run_multiproc
-from torch_versions import TORCH_IS_KNOWN
+from torch_versions import TORCH, TORCH_IS_KNOWN
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(600)]
 
@@ -99,8 +99,9 @@ def test_fsdp2_over_tp_4_processes() -> None:
     locals_ = {rank: np.array(results[rank]["strided"][0]) for rank in range(4)}
     for rank in range(4):
         np.testing.assert_array_equal(locals_[rank], spec.shard(np.arange(8.0), rank))
-        if TORCH_IS_KNOWN:
-            assert results[rank]["strided"][1] == [0, 4, 2, 6, 1, 5, 3, 7]
+        if TORCH_IS_KNOWN:  # torch 2.10 and 2.11 cannot gather it; 2.12 to 2.15 permute
+            want = _TORCH_REFUSES_TWO_STRIDED.get(TORCH, [0, 4, 2, 6, 1, 5, 3, 7])
+            assert results[rank]["strided"][1] == want
     np.testing.assert_array_equal(spec.unshard(locals_), np.arange(8.0))
 
 
@@ -113,14 +114,26 @@ def test_fsdp2_over_tp_6_processes_dp3_and_tp3() -> None:
         assert wrong >= 4
 
 
-def _strided_full_tensor() -> tuple[list[float], list[float]]:
+#: How torch's full_tensor refuses the two-strided DTensor where it does: 2.10 asserts in
+#: its redistribute planner; 2.11 raises ValueError ("use_strided_shard_as_shard_order is
+#: True, but placements ... is unable to be interpreted into a corresponding shard_order").
+_TORCH_REFUSES_TWO_STRIDED = {(2, 10): "AssertionError", (2, 11): "ValueError"}
+
+
+def _strided_full_tensor() -> tuple[list[float], list[float] | str]:
+    """torch's local piece and full_tensor of the two-strided DTensor (full_tensor: the
+    error's type when torch refuses, see ``_TORCH_REFUSES_TWO_STRIDED``)."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor
 
     mesh = init_device_mesh("cpu", (2, 2))
     dt = distribute_tensor(torch.arange(8.0), mesh, _torch_two_strided())
-    return dt.to_local().tolist(), dt.full_tensor().tolist()
+    try:
+        full: list[float] | str = dt.full_tensor().tolist()
+    except (AssertionError, ValueError) as exc:
+        full = type(exc).__name__
+    return dt.to_local().tolist(), full
 
 
 def _torch_two_strided() -> list[Any]:

@@ -19,11 +19,18 @@ from torch_versions import TORCH  # noqa: E402
 pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(600)]
 
 #: Does torch's name for a ``use_local_synchronization`` group depend on how many
-#: groups the caller holds? Per torch version checked: 2.13 salts the name with
+#: groups the caller holds? Per torch version checked: 2.10 to 2.13 salt the name with
 #: ``len(_world.pg_names)`` (members with different histories compute different names
-#: and hang); 2.14 salts with ``_world.group_count``, which meshlayout's creation
-#: path never advances. Other versions: not asserted (our guarantee still is).
-TORCH_SALTS_NAMES_WITH_GROUPS_HELD = {(2, 13): True, (2, 14): False}.get(TORCH or (0, 0))
+#: and hang); 2.14 and 2.15 salt with ``_world.group_count``, which meshlayout's
+#: creation path never advances. Other versions: not asserted (our guarantee still is).
+TORCH_SALTS_NAMES_WITH_GROUPS_HELD = {
+    (2, 10): True,
+    (2, 11): True,
+    (2, 12): True,
+    (2, 13): True,
+    (2, 14): False,
+    (2, 15): False,
+}.get(TORCH or (0, 0))
 
 #: Each rank's timeout in tests where one rank stays away: generous, because the
 #: ranks that do take part must still meet within it on a loaded machine.

@@ -13,6 +13,7 @@ pytest.importorskip("torch")
 
 from multiproc import run_multiproc
 from test_torch_groups import _count_creations
+from torch_versions import ONE_MEMBER_BACKEND
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(600)]
 
@@ -126,7 +127,7 @@ def test_world_dim_reuses_default_group_and_size_one_dims_create_no_communicator
     out = run_multiproc(_world_and_single, 4, timeout=240)
     for res in out:
         assert res["dp_is_world"] and res["one_size"] == 1
-        assert res["one_backend"] == "fake"
+        assert res["one_backend"] == ONE_MEMBER_BACKEND
         assert res["ours"] == 1  # the local one-member group; no rendezvous
 
 

@@ -24,7 +24,6 @@ Two halves:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import subprocess
@@ -37,6 +36,7 @@ import pytest
 import torchtitan_configs
 from meshlayout import ParallelDims
 from meshlayout.torchtitan_names import ONE_DIMENSIONAL, TORCHTITAN_NAMES
+from torch_versions import ONE_MEMBER_BACKEND, TORCHTITAN_USABLE
 from torchtitan_configs import COMBOS, DEGREES, ETP_COMBOS, TITAN, TITAN_SPMD_TYPES
 
 #: Names and combinations torchtitan 0.3.0 has no mesh for (meshlayout's own views).
@@ -154,7 +154,7 @@ def _answers(cfg: dict[str, int], rank: int) -> dict[str, Any]:
         dist.destroy_process_group()
 
 
-_HAVE_TORCHTITAN = importlib.util.find_spec("torchtitan") is not None
+_HAVE_TORCHTITAN = TORCHTITAN_USABLE
 
 
 def _main() -> None:
@@ -463,7 +463,8 @@ def test_fsdp2_on_size_one_dims_and_fake_dims_on_gloo() -> None:
     for rank, res in enumerate(out):
         tp = res["tp"]
         assert tp["sizes"] == (1, 1)
-        assert tp["backends"] == ("fake", "fake", "gloo")  # one-rank groups: no communicator
+        # one-rank groups: no communicator (torch's local fake backend; gloo on 2.10)
+        assert tp["backends"] == (ONE_MEMBER_BACKEND, ONE_MEMBER_BACKEND, "gloo")
         assert tp["out_dtype"] == "torch.float64"  # the mixed-precision policy applied
         assert tp["loss"] == pytest.approx(ref_loss64, rel=1e-9)
         _close(tp["grads"], ref_grads64)

@@ -124,10 +124,19 @@ def test_the_home_exists_and_says_which_torch_versions_it_was_checked_on() -> No
     text = HOME.read_text()
     assert private_uses(text), "the home should hold the private accesses"
     tree = ast.parse(text)
+    checked = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "CHECKED_ON" for t in node.targets)
+    )
+    assert {"2.10.0", "2.13.0", "2.15.0"} <= set(checked)
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
             doc = ast.get_docstring(node) or ""
             assert "Checked on 2.13.0" in doc, f"{node.name}: say which torch versions"
+            missing = [v for v in checked if v not in doc]
+            assert not missing, f"{node.name}: not said to be checked on {missing}"
 
 
 def test_the_checker_catches_planted_private_uses() -> None:
@@ -166,3 +175,24 @@ def f(tdm, pg):
     assert private_uses("def f(x):\n    return g(x, _cols=2), x._rank_map\n") == []  # ours
     assert private_uses("from .torch.checkpoint._inspect import describe\n") == []  # ours
     assert private_uses("import torch\ntorch.cuda._lazy_init()\n") == ["torch.cuda._lazy_init"]
+
+
+def test_dispatch_mode_sees_an_in_place_copy() -> None:
+    """``_c10d.dispatch_mode`` (the vLLM backend records weight loaders' copies with it)
+    works on this torch: a mode made from it sees ``copy_`` and its source."""
+    torch = pytest.importorskip("torch")
+    from meshlayout.torch._c10d import dispatch_mode
+
+    seen: list[tuple[str, object]] = []
+
+    class Recorder(dispatch_mode()):  # type: ignore[misc]
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            seen.append((str(func), args[1] if len(args) > 1 else None))
+            return func(*args, **(kwargs or {}))
+
+    dest, src = torch.zeros(3), torch.arange(3.0)
+    with Recorder():
+        dest.copy_(src)
+    assert torch.equal(dest, src)
+    assert [name for name, _ in seen] == ["aten.copy_.default"]
+    assert seen[0][1] is src

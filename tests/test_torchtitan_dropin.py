@@ -16,21 +16,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from typing import Any
 
 import pytest
 
 from meshlayout import ParallelDims as PureDims
+from torch_versions import TORCHTITAN_MISSING, TORCHTITAN_USABLE
 from torchtitan_configs import BACKENDS, TITAN_DEGREES
 
 #: Tests of the shared reference run (conftest's fixture) go to one xdist worker.
 reference_group = pytest.mark.xdist_group("torchtitan_reference")
 
-needs_torchtitan = pytest.mark.skipif(
-    importlib.util.find_spec("torchtitan") is None, reason="needs the `torchtitan` extra"
-)
+needs_torchtitan = pytest.mark.skipif(not TORCHTITAN_USABLE, reason=TORCHTITAN_MISSING)
 
 
 def _pure(cfg: dict[str, int]) -> PureDims:

@@ -21,19 +21,17 @@ The rest of the file tests the lenient names by hand (meshlayout's extras: ``hsd
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import pytest
 
 from meshlayout import ParallelDims
 from meshlayout.torchtitan_names import ONE_DIMENSIONAL, TORCHTITAN_NAMES, single_axis_names
+from torch_versions import TORCHTITAN_MISSING, TORCHTITAN_USABLE
 from torchtitan_configs import TITAN_DEGREES
 from torchtitan_reference import describe, pure_family
 
-needs_torchtitan = pytest.mark.skipif(
-    importlib.util.find_spec("torchtitan") is None, reason="needs the `torchtitan` extra"
-)
+needs_torchtitan = pytest.mark.skipif(not TORCHTITAN_USABLE, reason=TORCHTITAN_MISSING)
 Reference = list[tuple[dict[str, Any], list[dict[str, Any]]]]
 
 

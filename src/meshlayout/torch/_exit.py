@@ -27,7 +27,9 @@ cached, so they showed it more often (issue 24: about 1 run in 7 under load).
 2. it waits, with the GIL released, until every gloo worker thread of the process is
    parked: asleep, and not woken between samples (Linux ``/proc/self/task``; a
    worker blocked on the GIL wakes as soon as the GIL is free, so it never looks
-   parked). Bounded by :data:`DRAIN_SECONDS`; typically a few milliseconds.
+   parked). Bounded by :data:`DRAIN_SECONDS`; typically a few milliseconds. torch
+   names the workers ``pt_gloo_runloop`` from 2.11; on 2.10 they are unnamed, so
+   there the drain does step 1 only.
 
 A user's script needs nothing: no ``os._exit``, no cache clearing. ``benchmarks/
 soak_exit.py`` counts the aborts of a short job run many times (docs/runtime.md).

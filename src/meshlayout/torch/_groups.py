@@ -20,7 +20,9 @@ identified by ``(ordered member ranks, backend, options)``:
 * **World reuse, no size-1 communicators.** Ranks equal to ``range(world)`` with
   the default backend and no options return the default group; a one-member group
   is a local ``fake``-backend group (collectives on one rank are copies) — no
-  communicator, no rendezvous.
+  communicator, no rendezvous. (On torch 2.10 to 2.12, whose fake backend does not
+  copy for every collective, it is a real one-rank group:
+  :func:`._c10d.one_member_backend`.)
 * **Bounded.** Before creating, members meet through the default store with the
   group's timeout; absent members are named in a :class:`RankTimeoutError`.
 
@@ -215,10 +217,12 @@ def get_group(
         td = as_timedelta(timeout, _c10d.default_timeout(key[1]))
         desc = group_desc or f"meshlayout_{len(members)}"
         if len(members) == 1:
-            pg = _c10d.create_group(members, dist.Backend.FAKE, None, td, name, desc)
+            single = _c10d.one_member_backend(key[1])
+            options = pg_options if single == key[1] else None
+            pg = _c10d.create_group(members, single, options, td, name, desc)
             _CACHE.stats.single += 1
         else:
-            if key[1] != dist.Backend.FAKE:  # a fake world has no peers to wait for
+            if key[1] != _c10d.FAKE_BACKEND:  # a fake world has no peers to wait for
                 gather_arrivals(
                     _c10d.default_store(),
                     f"meshlayout/group/{name}",

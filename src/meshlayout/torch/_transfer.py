@@ -215,7 +215,7 @@ class WeightTransfer:
         )
         self._src_names = tuple(n for n in self.plan.names if me in self.src_specs[n].mesh)
         self._dst_names = tuple(n for n in self.plan.names if me in self.dst_specs[n].mesh)
-        self._rounds = self._schedule()
+        self._rounds = schedule(self.plan, self.src_specs, self.dst_specs, me)
         self._copies = tuple(
             (
                 name,
@@ -248,22 +248,6 @@ class WeightTransfer:
         self._verify_info: dict[str, tuple[bool, int, int]] | None = None
         self._fingerprinter = Fingerprinter()
 
-    # ------------------------------------------------------------------ schedule
-    def _schedule(self) -> tuple[_Round, ...]:
-        me = self.rank
-        out = []
-        for rnd in self.plan.rounds:
-            sends = tuple(
-                _Item(s.name, local_slices(self.src_specs[s.name], me, s.box), s.offset, s.nbytes)
-                for s in rnd.sends(me)
-            )
-            recvs = tuple(
-                _Item(s.name, local_slices(self.dst_specs[s.name], me, s.box), s.offset, s.nbytes)
-                for s in rnd.receives(me)
-            )
-            out.append(_Round(sends, recvs, rnd.send_sizes(me), rnd.recv_sizes(me)))
-        return tuple(out)
-
     # ------------------------------------------------------------------ run
     def run(
         self,
@@ -294,7 +278,7 @@ class WeightTransfer:
             for i, rnd in enumerate(self._rounds):
                 send = self.send_buffer[: sum(rnd.send_sizes)]
                 recv = self.recv_buffer[: sum(rnd.recv_sizes)]
-                self._pack(rnd, srcs, send)
+                pack_round(rnd, srcs, send, self.dst_dtypes)
                 all_to_all(self._bounded, recv, send, rnd.recv_sizes, rnd.send_sizes)
                 self.unpack(i, recv, outs)
             if verify:
@@ -357,40 +341,13 @@ class WeightTransfer:
             result[name] = t
         return result
 
-    def _pack(self, rnd: _Round, srcs: Mapping[str, torch.Tensor], send: torch.Tensor) -> None:
-        for item in rnd.sends:
-            region = srcs[item.name][item.slices]
-            dtype = self.dst_dtypes[item.name]
-            size = self._itemsize[item.name]
-            dest = send[item.offset : item.offset + item.nbytes]
-            if item.offset % size == 0:
-                dest.view(dtype).view(region.shape).copy_(region)
-            elif region.dtype == dtype and region.dim() and region.stride(-1) == 1:
-                dest.view(_byte_shape(region)).copy_(region.view(torch.uint8))
-            else:  # unaligned and cast: through small temporaries
-                flat = region.reshape(-1)
-                step = max(1, _CAST_CHUNK // size)
-                for a in range(0, flat.numel(), step):
-                    part = flat[a : a + step].to(dtype).view(torch.uint8)
-                    dest[a * size : a * size + part.numel()].copy_(part)
-
     def unpack(self, index: int, recv: torch.Tensor, outs: Mapping[str, torch.Tensor]) -> None:
         """The unpack step of round ``index``: copy ``recv`` (bytes) into ``outs``.
 
         A method of its own so that tests can substitute a faulty one (verification
         must catch it).
         """
-        for item in self._rounds[index].recvs:
-            region = outs[item.name][item.slices]
-            dtype = region.dtype
-            size = region.element_size()
-            data = recv[item.offset : item.offset + item.nbytes]
-            if item.offset % size == 0:
-                region.copy_(data.view(dtype).view(region.shape))
-            elif region.dim() and region.stride(-1) == 1:
-                region.view(torch.uint8).copy_(data.view(_byte_shape(region)))
-            else:
-                region.copy_(data.clone().view(dtype).view(region.shape))
+        unpack_round(self._rounds[index], recv, outs)
 
     # ------------------------------------------------------------------ verify
     def _verify_layout(self) -> dict[str, tuple[bool, int, int]]:
@@ -454,6 +411,69 @@ class WeightTransfer:
                 tensors=wrong,
                 replicas=replicas,
             )
+
+
+def schedule(
+    plan: TransferPlan,
+    src_specs: Mapping[str, ShardingSpec],
+    dst_specs: Mapping[str, ShardingSpec],
+    rank: int,
+) -> tuple[_Round, ...]:
+    """Rank ``rank``'s rounds of ``plan``: per round, the boxes it packs and unpacks as
+    slices of its local pieces, with their byte offsets in its buffers (pure)."""
+    out = []
+    for rnd in plan.rounds:
+        sends = tuple(
+            _Item(s.name, local_slices(src_specs[s.name], rank, s.box), s.offset, s.nbytes)
+            for s in rnd.sends(rank)
+        )
+        recvs = tuple(
+            _Item(s.name, local_slices(dst_specs[s.name], rank, s.box), s.offset, s.nbytes)
+            for s in rnd.receives(rank)
+        )
+        out.append(_Round(sends, recvs, rnd.send_sizes(rank), rnd.recv_sizes(rank)))
+    return tuple(out)
+
+
+def pack_round(
+    rnd: _Round,
+    srcs: Mapping[str, torch.Tensor],
+    send: torch.Tensor,
+    dtypes: Mapping[str, torch.dtype],
+) -> None:
+    """Copy the boxes ``rnd`` sends from the source pieces ``srcs`` into the byte buffer
+    ``send``, each cast to its destination dtype (``dtypes``)."""
+    for item in rnd.sends:
+        region = srcs[item.name][item.slices]
+        dtype = dtypes[item.name]
+        size = dtype.itemsize
+        dest = send[item.offset : item.offset + item.nbytes]
+        if item.offset % size == 0:
+            dest.view(dtype).view(region.shape).copy_(region)
+        elif region.dtype == dtype and region.dim() and region.stride(-1) == 1:
+            dest.view(_byte_shape(region)).copy_(region.view(torch.uint8))
+        else:  # unaligned and cast: through small temporaries
+            flat = region.reshape(-1)
+            step = max(1, _CAST_CHUNK // size)
+            for a in range(0, flat.numel(), step):
+                part = flat[a : a + step].to(dtype).view(torch.uint8)
+                dest[a * size : a * size + part.numel()].copy_(part)
+
+
+def unpack_round(rnd: _Round, recv: torch.Tensor, outs: Mapping[str, torch.Tensor]) -> None:
+    """Copy the boxes ``rnd`` receives from the byte buffer ``recv`` into the destination
+    pieces ``outs``."""
+    for item in rnd.recvs:
+        region = outs[item.name][item.slices]
+        dtype = region.dtype
+        size = region.element_size()
+        data = recv[item.offset : item.offset + item.nbytes]
+        if item.offset % size == 0:
+            region.copy_(data.view(dtype).view(region.shape))
+        elif region.dim() and region.stride(-1) == 1:
+            region.view(torch.uint8).copy_(data.view(_byte_shape(region)))
+        else:
+            region.copy_(data.clone().view(dtype).view(region.shape))
 
 
 def _shared_buffers(

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -36,11 +37,13 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from .._requirements import TORCH_VERSION
 from ._export import ExportResult, NotExportableError, export_safetensors
 from ._inspect import describe_checkpoint, read_metadata
 from ._keys import CheckpointKeyError
 from ._plan import Chunk, ChunkIndex, Read, Tiling, replica_dims, tiling, written_boxes
 from ._planners import ExactLoadPlanner, ExactSavePlanner, dtensor_spec
+from ._safe_pickle import properties_fields
 from ._safetensors_load import (
     LoadStats,
     SafetensorsEntry,
@@ -115,6 +118,31 @@ def _plain_error(exc: BaseException, where: str = "", ranks: bool = True) -> Bas
         return exc
     kind = kinds.pop() if len(kinds) == 1 else ValueError
     return kind(f"{where}{f'ranks {sorted(failures)}: ' if ranks else ''}{inner[0]}")
+
+
+def _newer_metadata(checkpoint_id: object) -> ValueError | None:
+    """A ValueError naming the fix when the checkpoint in ``checkpoint_id`` has metadata
+    written by torch >= 2.15, which DCP's reader on older torch cannot read (its
+    ``TensorProperties`` unpack five fields, 2.15 writes six), else None."""
+    if TORCH_VERSION >= (2, 15) or not isinstance(checkpoint_id, (str, os.PathLike)):
+        return None
+    file = Path(checkpoint_id) / ".metadata"
+    try:
+        with open(file, "rb") as f:
+            fields = properties_fields(f, str(file))
+    except (OSError, ValueError):
+        return None
+    if 6 not in fields:
+        return None
+    import torch
+
+    return ValueError(
+        f"{checkpoint_id}: its .metadata was written by torch 2.15 or newer (six-field "
+        f"TensorProperties), which the DCP reader of torch {torch.__version__} cannot read. "
+        "Load it with torch >= 2.15, or export it to safetensors here (meshlayout "
+        "checkpoint export, or export_safetensors: they read it) and load that with "
+        "load_safetensors"
+    )
 
 
 @contextlib.contextmanager
@@ -213,7 +241,10 @@ def load(
     or plain tensors (``no_dist=True`` on one process gives full tensors).
     ``planner_options`` go to the planner (e.g. ``allow_partial_load=True``). A
     destination element the checkpoint does not hold exactly once raises ``ValueError``
-    naming the tensor and box, as do other input errors.
+    naming the tensor and box, as do other input errors. On torch < 2.15 a checkpoint
+    written by torch >= 2.15 raises ``ValueError`` naming the fix (DCP's reader here
+    cannot read its metadata; :func:`export_safetensors` and :func:`describe_checkpoint`
+    can).
 
     Mistakes are one line, the same on every rank, ordinary exceptions (DCP's own
     ``CheckpointException`` is a ``BaseException``): a ``checkpoint_id`` that is not a
@@ -232,12 +263,20 @@ def load(
     if missing is not None:
         raise FileNotFoundError(f"load: {missing}")
     where = "" if checkpoint_id is None else f"load {os.fspath(checkpoint_id)!r}: "
-    with _plain_errors(where, ranks=not no_dist):
-        dcp_load(
-            state_dict,
-            checkpoint_id=checkpoint_id,
-            storage_reader=storage_reader,
-            planner=ExactLoadPlanner(**planner_options),
-            process_group=process_group,
-            no_dist=no_dist,
-        )
+    try:
+        with _plain_errors(where, ranks=not no_dist):
+            dcp_load(
+                state_dict,
+                checkpoint_id=checkpoint_id,
+                storage_reader=storage_reader,
+                planner=ExactLoadPlanner(**planner_options),
+                process_group=process_group,
+                no_dist=no_dist,
+            )
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        newer = _newer_metadata(checkpoint_id)
+        if newer is None:
+            raise
+        raise newer from exc

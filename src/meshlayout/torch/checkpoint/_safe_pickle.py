@@ -9,7 +9,10 @@ allow-list of the types those files really hold (found by recording what torch 2
 writes for plain DCP, our planners and ``async_save``: see ``tests/test_safe_pickle.py``);
 anything else raises :class:`ForbiddenGlobal` before the callable is even looked up.
 
-* :func:`load_metadata` -- DCP's ``Metadata`` from a ``.metadata`` file;
+* :func:`load_metadata` -- DCP's ``Metadata`` from a ``.metadata`` file, written by any
+  torch from 2.3 on, whichever torch is installed: torch 2.15's ``TensorProperties``
+  pickles six fields (it added ``strides``), older releases five, and torch 2.14 and
+  older cannot read the six (their ``__setstate__`` unpacks five); ours reads both;
 * :func:`tensor_record` -- the dtype, shape, strides and storage key of the tensor in a
   ``torch.save`` archive's ``data.pkl``, without building the tensor (the caller reads
   the bytes it needs from the archive itself).
@@ -36,10 +39,17 @@ from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     Metadata,
     MetadataIndex,
+    TensorProperties,
     TensorStorageMetadata,
 )
 
-__all__ = ["ForbiddenGlobal", "TensorRecord", "load_metadata", "tensor_record"]
+__all__ = [
+    "ForbiddenGlobal",
+    "TensorRecord",
+    "load_metadata",
+    "properties_fields",
+    "tensor_record",
+]
 
 _DCP = "torch.distributed.checkpoint.metadata"
 _FS = "torch.distributed.checkpoint.filesystem"
@@ -104,10 +114,58 @@ def _torch_dtype(name: str) -> torch.dtype | None:
     return value if isinstance(value, torch.dtype) else None
 
 
+class _PropertiesAsWritten:
+    """Stands in for DCP's ``TensorProperties`` while unpickling: keeps the state tuple
+    as written (5 fields up to torch 2.14, 6 from 2.15), for :func:`_properties`."""
+
+    state: Any = None
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+
+#: Fields of ``TensorProperties``' pickled state, in order (torch 2.15 added ``strides``).
+_PROPERTIES_FIELDS = ("dtype", "layout", "requires_grad", "memory_format", "pin_memory")
+
+
+def _properties(value: Any, what: str) -> TensorProperties:
+    """The installed torch's ``TensorProperties`` of a state written by any torch.
+
+    The first five fields go through torch's own ``__setstate__`` (it decodes the
+    memory format); 2.15's sixth, ``strides`` (the saved tensor's strides, or None),
+    is kept as an attribute (a field from torch 2.15 on). ValueError for anything else.
+    """
+    if not isinstance(value, _PropertiesAsWritten):
+        raise ValueError(f"{what}: properties are a {type(value).__name__}")
+    state = value.state
+    if not isinstance(state, tuple) or len(state) not in (5, 6):
+        n = len(state) if isinstance(state, tuple) else type(state).__name__
+        raise ValueError(
+            f"{what}: TensorProperties state has {n} fields; torch up to 2.14 writes 5 "
+            f"({', '.join(_PROPERTIES_FIELDS)}), 2.15 adds strides"
+        )
+    strides = state[5] if len(state) == 6 else None
+    if strides is not None and not (
+        isinstance(strides, tuple)
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in strides)
+    ):
+        raise ValueError(f"{what}: strides {strides!r} are not a tuple of ints")
+    props = TensorProperties.__new__(TensorProperties)
+    setstate: Any = props.__setstate__  # untyped in torch
+    try:
+        setstate(state[:5])
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise ValueError(f"{what}: unreadable TensorProperties ({exc})") from None
+    props.strides = strides  # type: ignore[attr-defined,unused-ignore]  # a field from 2.15
+    return props
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """Resolves only :data:`METADATA_GLOBALS`, torch dtypes and path classes."""
 
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == (_DCP, "TensorProperties"):
+            return _PropertiesAsWritten
         if (module, name) in METADATA_GLOBALS:
             return super().find_class(module, name)
         if module == "torch" and _torch_dtype(name) is not None:
@@ -147,6 +205,8 @@ def _check_metadata(md: Any, where: str) -> Metadata:
             continue
         if not isinstance(entry, TensorStorageMetadata):
             raise bad(f"{name!r} is described by a {type(entry).__name__}")
+        if isinstance(entry.properties, _PropertiesAsWritten):
+            entry.properties = _properties(entry.properties, f"{where}: {name!r}")
         if not isinstance(getattr(entry.properties, "dtype", None), torch.dtype):
             raise bad(f"{name!r} has no dtype")
         if not isinstance(entry.chunks, list) or not all(
@@ -173,17 +233,36 @@ def _check_metadata(md: Any, where: str) -> Metadata:
     return md
 
 
+def _unpickle_metadata(file: IO[bytes], where: str) -> Any:
+    try:
+        return _MetadataUnpickler(file).load()
+    except Exception as exc:  # pickle raises many kinds on malformed input
+        raise _refused(where, exc, ".metadata") from None
+
+
 def load_metadata(file: IO[bytes], where: str) -> Metadata:
     """DCP's ``Metadata`` unpickled from ``file`` with the allow-list; nothing else runs.
 
     ValueError naming ``where`` and the forbidden global (``module.name``) for a file
     naming any other global, or when it is no DCP metadata.
     """
-    try:
-        md = _MetadataUnpickler(file).load()
-    except Exception as exc:  # pickle raises many kinds on malformed input
-        raise _refused(where, exc, ".metadata") from None
-    return _check_metadata(md, where)
+    return _check_metadata(_unpickle_metadata(file, where), where)
+
+
+def properties_fields(file: IO[bytes], where: str) -> set[int]:
+    """How many fields the ``TensorProperties`` states in a ``.metadata`` pickle have
+    (5: written by torch up to 2.14; 6: by torch 2.15 and newer), read as
+    :func:`load_metadata` reads (ValueError likewise)."""
+    md = _unpickle_metadata(file, where)
+    entries = getattr(md, "state_dict_metadata", None)
+    if not isinstance(md, Metadata) or not isinstance(entries, Mapping):
+        raise ValueError(f"{where}: not DCP checkpoint metadata")
+    return {
+        len(entry.properties.state)
+        for entry in entries.values()
+        if isinstance(getattr(entry, "properties", None), _PropertiesAsWritten)
+        and isinstance(entry.properties.state, tuple)
+    }
 
 
 @dataclass(frozen=True)

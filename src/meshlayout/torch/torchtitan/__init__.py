@@ -12,7 +12,11 @@ loading through the exact DCP planners (``exact_checkpoint_config`` switches a j
 
 from __future__ import annotations
 
-from ._checkpoint import ExactCheckpointManager, exact_checkpoint_config
-from ._parallel_dims import SPMD_BACKENDS, ParallelDims
+from .._requirements import require_torchtitan
+
+require_torchtitan()
+
+from ._checkpoint import ExactCheckpointManager, exact_checkpoint_config  # noqa: E402
+from ._parallel_dims import SPMD_BACKENDS, ParallelDims  # noqa: E402
 
 __all__ = ["SPMD_BACKENDS", "ExactCheckpointManager", "ParallelDims", "exact_checkpoint_config"]
