@@ -50,17 +50,25 @@ _HIDE_TORCHTITAN = (
 )
 
 
+def _import_torchtitan_dropin(
+    version: str, hide_torchtitan: bool
+) -> subprocess.CompletedProcess[str]:
+    """``import meshlayout.torch.torchtitan`` in a fresh interpreter whose torch reports
+    ``version`` (and, with ``hide_torchtitan``, where torchtitan cannot be found)."""
+    setup = f"{_HIDE_TORCHTITAN if hide_torchtitan else ''}\nimport torch; torch.__version__ = {version!r}"
+    return subprocess.run(
+        [sys.executable, "-c", setup + "\nimport meshlayout.torch.torchtitan\n"],
+        capture_output=True,
+        text=True,
+    )
+
+
 @pytest.mark.parametrize("version", ["2.10.0", "2.11.0", "2.12.1"])
 @pytest.mark.parametrize("hidden", [True, False])
 def test_torchtitan_on_a_torch_before_2_13_is_refused_naming_why(
     version: str, hidden: bool
 ) -> None:
-    setup = f"{_HIDE_TORCHTITAN if hidden else ''}\nimport torch; torch.__version__ = {version!r}"
-    out = subprocess.run(
-        [sys.executable, "-c", setup + "\nimport meshlayout.torch.torchtitan\n"],
-        capture_output=True,
-        text=True,
-    )
+    out = _import_torchtitan_dropin(version, hide_torchtitan=hidden)
     assert out.returncode != 0
     assert "needs torchtitan 0.3.0 on torch >= 2.13" in out.stderr
     assert "DataParallelMeshDims" in out.stderr
@@ -68,12 +76,7 @@ def test_torchtitan_on_a_torch_before_2_13_is_refused_naming_why(
 
 
 def test_missing_torchtitan_names_the_extra() -> None:
-    setup = f"{_HIDE_TORCHTITAN}\nimport torch; torch.__version__ = '2.13.0'"
-    out = subprocess.run(
-        [sys.executable, "-c", setup + "\nimport meshlayout.torch.torchtitan\n"],
-        capture_output=True,
-        text=True,
-    )
+    out = _import_torchtitan_dropin("2.13.0", hide_torchtitan=True)
     assert out.returncode != 0
     assert "ImportError: meshlayout.torch.torchtitan needs torchtitan 0.3.0" in out.stderr
     assert "pip install 'meshlayout[torchtitan]'" in out.stderr

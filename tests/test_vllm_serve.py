@@ -67,12 +67,7 @@ def test_served_engine_generates_like_transformers_after_each_step(
 ) -> None:
     model_dir, results = served
     r0 = results[0]
-    for k, full in enumerate(r0["full"]):
-        want = e2e.reference(model_dir, full)
-        got = r0["generated"][k]
-        for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(got, want):
-            assert tokens == ref_tokens, (k, got, want)
-            assert max(abs(a - b) for a, b in zip(logprobs, ref_logprobs)) < 1e-4, (k, got, want)
+    e2e.assert_generates_like_transformers(model_dir, r0)
     assert r0["generated"][0] != r0["before"]
     for r in results:
         for stats in r["stats"]:

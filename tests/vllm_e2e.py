@@ -301,3 +301,14 @@ def reference(model_dir: str, weights: dict[str, Any]) -> list[tuple[list[int], 
                 ids = torch.cat([ids, torch.tensor([[tok]])], dim=1)
             out.append((tokens, logprobs))
     return out
+
+
+def assert_generates_like_transformers(model_dir: str, r0: dict[str, Any]) -> None:
+    """After each step, the engine's greedy tokens equal transformers' on the trainer's
+    full weights, logprobs within 1e-4 (``r0``: trainer rank 0's results)."""
+    for k, full in enumerate(r0["full"]):
+        want = reference(model_dir, full)
+        got = r0["generated"][k]
+        for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(got, want):
+            assert tokens == ref_tokens, (k, got, want)
+            assert max(abs(a - b) for a, b in zip(logprobs, ref_logprobs)) < 1e-4, (k, got, want)
