@@ -52,6 +52,36 @@ def free_port() -> int:
         return port
 
 
+# A Qwen2-style model of a shape the other tests do not use: q/k/v biases, a vocabulary
+# of 777 (vLLM pads it to 832 at TP=2: its split is not torch's chunking), intermediate
+# 250 (uneven under FSDP over TP), tied embeddings (like Qwen2-0.5B).
+QWEN2_CONFIG = {
+    "vocab_size": 777,
+    "hidden_size": 128,
+    "intermediate_size": 250,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": True,
+}
+QWEN2_PROMPTS = [[1, 5, 9, 200, 17], [700, 3, 3, 64]]
+
+
+def make_qwen2(path: str, **overrides: Any) -> None:
+    """A tiny transformers Qwen2 (see ``QWEN2_CONFIG``), random weights, float32."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(1)
+    model = Qwen2ForCausalLM(Qwen2Config(**{**QWEN2_CONFIG, **overrides}))
+    with torch.no_grad():  # random biases (transformers initialises them to zero)
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.02)
+    model.to(torch.float32).save_pretrained(path)
+
+
 def make_model(path: str, tie: bool = False) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -279,17 +309,21 @@ def _tokens_logprobs(completion: Any) -> tuple[list[int], list[float]]:
     return tokens, logprobs
 
 
-def reference(model_dir: str, weights: dict[str, Any]) -> list[tuple[list[int], list[float]]]:
+def reference(
+    model_dir: str, weights: dict[str, Any], prompts: list[list[int]] | None = None
+) -> list[tuple[list[int], list[float]]]:
     """transformers' greedy completion and the chosen tokens' logprobs."""
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.load_state_dict(weights, strict=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    assert set(missing) <= tied and not unexpected, (missing, unexpected)
     model.eval()
     out = []
     with torch.no_grad():
-        for prompt in PROMPTS:
+        for prompt in PROMPTS if prompts is None else prompts:
             ids = torch.tensor([prompt])
             tokens, logprobs = [], []
             for _ in range(MAX_TOKENS):
