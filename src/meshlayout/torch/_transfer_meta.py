@@ -14,6 +14,7 @@ import hashlib
 import json
 import pickle
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -170,11 +171,27 @@ def _wait_key(
     missing: list[int],
     describe: Callable[[], str],
 ) -> bytes:
+    start = time.monotonic()
     try:
         store.wait([key], timeout)
     except Exception as exc:  # DistStoreError / RuntimeError on timeout
-        if not store.check([key]):
-            raise RankTimeoutError(message + describe(), missing=missing) from exc
+        secs = time.monotonic() - start
+        try:
+            arrived = bool(store.check([key]))
+        except Exception:  # the store itself is gone
+            arrived = False
+        if not arrived:
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            why = (
+                "timed out"
+                if secs >= 0.95 * timeout.total_seconds()
+                else f"the store failed: {type(exc).__name__}: {first}"
+            )
+            raise RankTimeoutError(
+                f"{message} (gave up after {secs:.1f}s of a {timeout.total_seconds():g}s "
+                f"timeout: {why})" + describe(),
+                missing=missing,
+            ) from exc
     value: bytes = store.get(key)
     return value
 
@@ -222,7 +239,6 @@ def exchange(
     src_meta, dst_meta = meta
     names = sorted(set(src_meta) | set(dst_meta))
     store.set(f"meshlayout/transfer/last/{me}", json.dumps({"key": ns, "names": names}))
-    secs = f"{timeout.total_seconds():g}s"
     if src_meta:
         store.compare_set(f"{ns}/S", "", " ".join(map(str, _side_ranks(src_meta))))
     if dst_meta:
@@ -233,8 +249,7 @@ def exchange(
             store,
             f"{ns}/{key}",
             timeout,
-            f"WeightTransfer: rank {me} waited {secs}; no {side} rank reached this "
-            f"WeightTransfer ({ns})",
+            f"WeightTransfer: rank {me}: no {side} rank reached this WeightTransfer ({ns})",
             [],
             lambda: _describe_others(store, me, ns, names, world),
         )
@@ -264,7 +279,7 @@ def exchange(
         store,
         f"{ns}/verdict",
         timeout,
-        f"WeightTransfer: rank {me} waited {secs} for the verdict of rank {leader}",
+        f"WeightTransfer: rank {me} waited for the verdict of rank {leader}",
         [leader],
         lambda: "",
     )

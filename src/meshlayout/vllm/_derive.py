@@ -70,6 +70,11 @@ class Derivation:
     unknown: dict[str, str]  # name -> why the model cannot take it at all
     param_numel: dict[tuple[str, str], int]  # (module, param) -> loadable elements
     kernel: dict[tuple[str, str], int]  # (module, param) -> id of its serving tensor
+    # name -> the boxes of the checkpoint tensor its loader reads (every copy, exact or
+    # not), or None where a copy's source is not a box of it (then unchecked)
+    reads: dict[str, tuple[Box, ...] | None]
+    # (module, param) -> elements the loaders write into it, over every name
+    writes: dict[tuple[str, str], int]
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -181,6 +186,8 @@ def derive(
         fills: dict[str, tuple[Fill, ...]] = {}
         fallback: dict[str, str] = {}
         unknown: dict[str, str] = {}
+        reads: dict[str, tuple[Box, ...] | None] = {}
+        writes: dict[tuple[str, str], int] = {}
         for name, shape, dtype in entries:
             probe = base(dtype).as_strided(shape, _contiguous_strides(shape), _PROBE_AT)
             rec = _Recorder()
@@ -196,12 +203,14 @@ def derive(
                 if loaded is not None and name not in loaded:
                     unknown[name] = "the model's load_weights does not know this name"
                 continue
+            reads[name] = _reads(rec, shape)
+            _count_writes(rec, tagged, starts, writes)
             outcome = _interpret(name, shape, rec, tagged, starts, dtype)
             if isinstance(outcome, str):
                 fallback[name] = outcome
                 continue
             copies[name], fills[name] = outcome
-        return Derivation(copies, fills, fallback, unknown, numel, kernel)
+        return Derivation(copies, fills, fallback, unknown, numel, kernel, reads, writes)
     finally:
         state.restore()
 
@@ -222,6 +231,32 @@ def _owner(
     if off >= start + max(math.prod(shape), 1):
         return None
     return start, (module, param, shape)
+
+
+def _reads(rec: _Recorder, shape: tuple[int, ...]) -> tuple[Box, ...] | None:
+    """The boxes of the probe that the recorded copies read (None: one is not a box)."""
+    out = []
+    for _, src in rec.copies:
+        if not isinstance(src, torch.Tensor) or not src.is_meta:
+            return None
+        box = _decode(src, _PROBE_AT, shape)
+        if box is None:
+            return None
+        out.append(box)
+    return tuple(out)
+
+
+def _count_writes(
+    rec: _Recorder,
+    tagged: dict[int, tuple[str, str, tuple[int, ...]]],
+    starts: list[int],
+    writes: dict[tuple[str, str], int],
+) -> None:
+    for dst, _ in rec.copies:
+        owner = _owner(dst, tagged, starts)
+        if owner is not None:
+            key = owner[1][:2]
+            writes[key] = writes.get(key, 0) + int(dst.numel())
 
 
 def _interpret(

