@@ -242,7 +242,26 @@ def _fsdp_dtensors(rank: int) -> dict[str, Any]:
     hsdp_mesh = init_device_mesh("cpu", (2, 3), mesh_dim_names=("rep", "shard"))
     hsdp = make()
     fully_shard(hsdp, mesh=hsdp_mesh)
-    for label, module in (("fsdp2-over-tp", model), ("hsdp", hsdp)):
+    # docs/runtime.md's pattern: TP and FSDP on two separately built 1-D meshes; a
+    # LayerNorm under FSDP only lives on a different 1-D mesh on each TP coordinate
+    from meshlayout import ParallelDims
+    from meshlayout.torch import build
+
+    built = build(ParallelDims(WORLD, dp_shard=3, tp=2), "cpu")
+    apart = make()
+    apart.append(torch.nn.LayerNorm(10))
+    with torch.no_grad():
+        apart[3].weight.uniform_(-1, 1)
+        apart[3].bias.uniform_(-1, 1)
+    reference.update({n: p.detach().clone() for n, p in apart.named_parameters() if n[0] == "3"})
+    layouts.update({"3.weight": [Replicate()], "3.bias": [Shard(0)]})
+    parallelize_module(
+        apart,
+        built.get_or_create("tp").to_torch(),
+        {"0": ColwiseParallel(), "2": RowwiseParallel()},
+    )
+    fully_shard(apart, mesh=built.get_or_create("dp_shard").to_torch())
+    for label, module in (("fsdp2-over-tp", model), ("hsdp", hsdp), ("1-D meshes", apart)):
         params = dict(module.named_parameters())
         dst = None
         if rank in (4, 5):
@@ -600,8 +619,9 @@ def test_real_fsdp2_and_hsdp_dtensors(outcome: tuple[list[Model], list[dict[str,
     for r in range(WORLD):
         got = results[r]["dtensors"]
         assert "error" not in got, got.get("error")
-        for label in ("fsdp2-over-tp", "hsdp"):
+        for label in ("fsdp2-over-tp", "hsdp", "1-D meshes"):
             assert got[label]["problems"] == [], (r, label, got[label])
+        assert got["1-D meshes"]["placements"]["3.weight"] == "[Shard(dim=0)]"
         assert got["fsdp2-over-tp"]["placements"]["0.weight"].startswith("[_StridedShard")
         assert got["hsdp"]["placements"]["0.weight"] == "[Replicate(), Shard(dim=0)]"
         want = ["0.bias", "0.weight", "2.bias", "2.weight"] if r >= 4 else []

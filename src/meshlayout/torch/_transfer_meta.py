@@ -295,6 +295,45 @@ def _loads(raw: bytes) -> Any:
     return pickle.loads(base64.b64decode(raw))
 
 
+def _replicas(variants: list[tuple[Any, list[int]]]) -> tuple[ShardingSpec, str] | None:
+    """One source spec for copies of a tensor laid out alike on disjoint meshes, or None.
+
+    A DTensor on a separately built 1-D mesh (FSDP2's mesh of a norm, when the TP and
+    FSDP meshes were built apart) lives on a different mesh on each TP coordinate; the
+    copies are replicas of one another. Each variant must be posted by every rank of
+    its mesh (one sub-mesh), all with the same global shape, dtype, placements and mesh
+    shape, on disjoint ranks: the result adds a leading ``Replicate`` mesh dim over them.
+    """
+    from ..mesh import Mesh
+    from ..sharding import Replicate
+
+    specs = [entry[0] for entry, _ in variants]
+    dtypes = {entry[1] for entry, _ in variants}
+    first = specs[0]
+    if len(dtypes) != 1 or any(getattr(s.mesh, "num_submeshes", 1) != 1 for s in specs):
+        return None
+    seen: set[int] = set()
+    rows = []
+    for spec, (_, ranks) in zip(specs, variants):
+        if (
+            spec.global_shape != first.global_shape
+            or spec.placements() != first.placements()
+            or tuple(spec.mesh.shape) != tuple(first.mesh.shape)
+        ):
+            return None
+        members = _mesh_ranks(spec)
+        if sorted(members) != sorted(ranks) or seen & set(members):
+            return None
+        seen.update(members)
+        rows.append((min(members), members))
+    names = tuple(first.mesh.names)
+    extra = next(f"replica{i}" for i in range(len(names) + 1) if f"replica{i}" not in names)
+    dims = {extra: len(rows), **dict(zip(names, first.mesh.shape))}
+    mesh = Mesh(dims, ranks=[r for _, members in sorted(rows) for r in members])
+    spec = ShardingSpec(first.global_shape, mesh, [Replicate(), *first.placements()])
+    return spec, dtypes.pop()
+
+
 def _merge(union: tuple[int, ...], posts: dict[int, _Meta]) -> tuple[Any, ...]:
     """("ok", merged metadata) or ("error", message, ranks, tensor names)."""
     problems: list[str] = []
@@ -311,6 +350,10 @@ def _merge(union: tuple[int, ...], posts: dict[int, _Meta]) -> tuple[Any, ...]:
             variants = sorted(by_name[name].items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
             entry, ranks = variants[0]
             chosen[name] = entry
+            replicas = _replicas(variants) if side_index == 0 and len(variants) > 1 else None
+            if replicas is not None:
+                chosen[name] = replicas
+                continue
             if len(variants) > 1:
                 bad_names.add(name)
                 lines = [f"tensor {name!r}: {side} ranks disagree:"]
