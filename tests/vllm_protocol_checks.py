@@ -66,6 +66,9 @@ def main(expected: str) -> None:
         assert issubclass(MeshlayoutTrainerEngine, base.TrainerWeightTransferEngine)
         for cls in (MeshlayoutWeightTransferEngine, MeshlayoutTrainerEngine):
             assert not inspect.isabstract(cls), (cls, cls.__abstractmethods__)
+        # 0.33's trainer base takes the rank; _compat says so for the engine's __init__.
+        takes = inspect.signature(base.TrainerWeightTransferEngine.__init__).parameters
+        assert ("rank" in takes) == new == (_compat.trainer_engine_kwargs(3) == {"rank": 3})
 
     @check("init and update info parse")
     def _() -> None:
