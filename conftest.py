@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 
-_IMPORT_VLLM = ["_source.py", "_trainer.py", "_worker.py"]  # at module level
+_IMPORT_VLLM = ["_compat.py", "_source.py", "_trainer.py", "_worker.py"]  # at module level
 collect_ignore = (
     [] if importlib.util.find_spec("vllm") else [f"src/meshlayout/vllm/{m}" for m in _IMPORT_VLLM]
 )
