@@ -68,7 +68,7 @@ $(DEMO_STAMP): pyproject.toml
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
 
 typecheck: setup
 	$(VENV)/bin/mypy
@@ -90,7 +90,7 @@ $(VLLM_STAMP): pyproject.toml
 
 # The vLLM end-to-end tests (one engine per module; files named test_vllm_*.py).
 pytest-vllm: setup-vllm
-	$(VLLM_PY) -m pytest -q -p no:randomly -p no:cacheprovider -o addopts="-ra --strict-markers" tests/test_vllm_e2e.py tests/test_vllm_serve.py
+	$(VLLM_PY) -m pytest -q -p no:randomly -p no:cacheprovider -o addopts="-ra --strict-markers" tests/test_vllm_e2e.py tests/test_vllm_serve.py tests/test_vllm_example.py
 
 test: lint typecheck pytest pytest-vllm
 

@@ -240,12 +240,15 @@ def generate_llm(llm: Any) -> list[tuple[list[int], list[float]]]:
     return [_tokens_logprobs(o.outputs[0]) for o in outs]
 
 
-def generate_http(url: str, model: str) -> list[tuple[list[int], list[float]]]:
-    """Greedy completions through the server's OpenAI route, token ids in and out."""
+def generate_http(
+    url: str, model: str, prompts: list[list[int]] | None = None
+) -> list[tuple[list[int], list[float]]]:
+    """Greedy completions of ``prompts`` (default ``PROMPTS``) through the server's OpenAI
+    route, token ids in and out."""
     import requests
 
     out = []
-    for prompt in PROMPTS:
+    for prompt in PROMPTS if prompts is None else prompts:
         body = {
             "model": model,
             "prompt": prompt,
