@@ -149,9 +149,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--save-final", metavar="PATH", help="save the final full weights here (safetensors)"
     )
-    parser.add_argument(
-        "--seed", type=int, default=0, help="seed of the weights' training data (default 0)"
-    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the training data (default 0)")
     parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     parser.add_argument(
         "--batch-size", type=int, default=8, help="global batch size, sequences (default 8)"
@@ -287,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rank == 0:
         print(
             f"trainer: {world} ranks, dp_shard={dp.size()} x tp={tp.size()}, "
-            f"{sum(1 for _ in model.parameters())} parameters, engine {args.engine_url}",
+            f"{sum(1 for _ in model.parameters())} parameter tensors, engine {args.engine_url}",
             flush=True,
         )
 
