@@ -243,7 +243,8 @@ def generate_llm(llm: Any) -> list[tuple[list[int], list[float]]]:
 def generate_http(
     url: str, model: str, prompts: list[list[int]] | None = None
 ) -> list[tuple[list[int], list[float]]]:
-    """Greedy completions through the server's OpenAI route, token ids in and out."""
+    """Greedy completions of ``prompts`` (default ``PROMPTS``) through the server's OpenAI
+    route, token ids in and out."""
     import requests
 
     out = []
