@@ -33,6 +33,7 @@ import numpy as np
 
 from ._order import Runs
 from ._placements import Shard, StridedShard
+from ._runs_spec import RunsSpec
 from ._spec import ShardingSpec
 
 __all__ = [
@@ -303,6 +304,8 @@ class PieceTable:
 @functools.lru_cache(maxsize=256)
 def piece_table(spec: ShardingSpec) -> PieceTable:
     """The :class:`PieceTable` of ``spec``: O(world size) numpy work, cached per spec."""
+    if isinstance(spec, RunsSpec):
+        return _runs_table(spec)
     sizes = tuple(int(s) for s in spec.mesh.shape)
     split = [m for m, p in enumerate(spec.placements()) if isinstance(p, (Shard, StridedShard))]
     grid = tuple(sizes[m] for m in split)
@@ -328,23 +331,44 @@ def piece_table(spec: ShardingSpec) -> PieceTable:
         if all(runs):
             found.append((runs, i))
     found.sort()
+    return _table_of(
+        ndim,
+        holders[[i for _, i in found]].reshape(len(found), holders.shape[1]),
+        tuple(runs for runs, _ in found),
+    )
+
+
+def _table_of(ndim: int, holders: Any, runs: tuple[tuple[Runs, ...], ...]) -> PieceTable:
+    """The table of pieces given by their runs (sorted) and holders (one row each)."""
     los: list[tuple[int, ...]] = []
     his: list[tuple[int, ...]] = []
     box_piece: list[int] = []
-    for p, (runs, _) in enumerate(found):
-        for rb in _product_boxes(runs):
+    for p, piece_runs in enumerate(runs):
+        for rb in _product_boxes(piece_runs):
             los.append(tuple(a for a, _ in rb.box) or (0,))
             his.append(tuple(b for _, b in rb.box) or (1,))
             box_piece.append(p)
     width = max(ndim, 1)
     return PieceTable(
         ndim,
-        holders[[i for _, i in found]].reshape(len(found), holders.shape[1]),
+        holders,
         np.array(los, dtype=np.int64).reshape(-1, width),
         np.array(his, dtype=np.int64).reshape(-1, width),
         np.array(box_piece, dtype=np.int64),
-        tuple(runs for runs, _ in found),
+        runs,
     )
+
+
+def _runs_table(spec: RunsSpec) -> PieceTable:
+    """The table of explicit runs: its distinct non-empty pieces, sorted by runs."""
+    found: dict[tuple[Runs, ...], list[int]] = {}
+    for rank, runs in spec.runs.items():  # ascending ranks
+        if all(runs):
+            found.setdefault(runs, []).append(rank)
+    keys = tuple(sorted(found))
+    per = len(found[keys[0]]) if keys else 1
+    holders = np.array([found[k] for k in keys], dtype=np.int64).reshape(len(keys), per)
+    return _table_of(len(spec.global_shape), holders, keys)
 
 
 def _nested_boxes(

@@ -345,9 +345,10 @@ def _ranges(starts: Any, counts: Any) -> Any:
     return np.repeat(starts - first, counts) + np.arange(total, dtype=_I64)
 
 
-def _src_grid(src: PieceTable) -> tuple[list[Any], list[Any], Any]:
+def _src_grid(src: PieceTable) -> tuple[list[Any], list[Any], Any] | None:
     """Per tensor dim the sorted, disjoint source intervals, and the piece of every
-    combination of interval ids (-1 where none)."""
+    combination of interval ids (-1 where none); None if the source boxes are no grid
+    (explicit runs, :class:`~meshlayout.sharding.RunsSpec`, may be any disjoint boxes)."""
     los: list[Any] = []
     his: list[Any] = []
     ids: list[Any] = []
@@ -355,20 +356,48 @@ def _src_grid(src: PieceTable) -> tuple[list[Any], list[Any], Any]:
         lo, first = np.unique(src.lo[:, d], return_index=True)
         hi = src.hi[first, d]
         i = np.searchsorted(lo, src.lo[:, d])
-        # the pieces of a spec partition every dim: never plan on anything else
         if not (np.array_equal(hi[i], src.hi[:, d]) and (hi[:-1] <= lo[1:]).all()):
-            raise AssertionError(f"source runs along dim {d} are not disjoint")
+            return None
         los.append(lo)
         his.append(hi)
         ids.append(i)
+    # every box is one cell of the grid of those intervals (disjoint boxes: distinct cells)
     grid = np.full(tuple(len(lo) for lo in los), -1, dtype=_I64)
     grid[tuple(ids)] = src.box_piece
     return los, his, grid
 
 
+def _pair_hits(src: PieceTable, dst: PieceTable) -> tuple[Any, Any, Any, Any]:
+    """(destination box, source piece, start, stop) of every non-empty intersection of
+    a destination box with a source box, by destination box then row-major start.
+
+    For sources whose boxes are no grid; O(destination boxes x source boxes) numpy
+    work, in chunks."""
+    nb, ns = len(dst.lo), len(src.lo)
+    parts: list[tuple[Any, Any, Any, Any]] = []
+    step = max(1, (1 << 22) // max(ns, 1))
+    for b0 in range(0, nb, step):
+        b = np.arange(b0, min(nb, b0 + step), dtype=_I64)
+        start = np.maximum(dst.lo[b][:, None, :], src.lo[None, :, :])
+        stop = np.minimum(dst.hi[b][:, None, :], src.hi[None, :, :])
+        bi, si = np.nonzero((start < stop).all(axis=2))
+        parts.append((b[bi], src.box_piece[si], start[bi, si], stop[bi, si]))
+    nd = dst.lo.shape[1]
+    box = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=_I64)
+    piece = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, dtype=_I64)
+    start = np.concatenate([p[2] for p in parts]) if parts else np.zeros((0, nd), dtype=_I64)
+    stop = np.concatenate([p[3] for p in parts]) if parts else np.zeros((0, nd), dtype=_I64)
+    order = np.lexsort((*start.T[::-1], box))
+    return box[order], piece[order], start[order], stop[order]
+
+
 def _hits(src: PieceTable, dst: PieceTable) -> dict[str, Any]:
     """Every (destination box ∩ source box), grouped by destination box in order."""
-    los, his, grid = _src_grid(src)
+    found = _src_grid(src)
+    if found is None:
+        box, piece, start, stop = _pair_hits(src, dst)
+        return _checked(src, dst, box, piece, start, stop)
+    los, his, grid = found
     nd = dst.lo.shape[1]
     nbox = len(dst.lo)
     first = np.zeros((nbox, nd), dtype=_I64)
@@ -390,14 +419,27 @@ def _hits(src: PieceTable, dst: PieceTable) -> dict[str, Any]:
     for d in range(nd):
         start[:, d] = np.maximum(los[d][ids[:, d]], dst.lo[box, d])
         stop[:, d] = np.minimum(his[d][ids[:, d]], dst.hi[box, d])
+    return _checked(src, dst, box, piece, start, stop)
+
+
+def _checked(
+    src: PieceTable, dst: PieceTable, box: Any, piece: Any, start: Any, stop: Any
+) -> dict[str, Any]:
+    """The hits, once checked to deliver every destination element exactly once."""
     numel = np.prod(stop - start, axis=1)
-    # every destination element has exactly one source piece: check, never assume
     want = np.zeros(len(dst.holders), dtype=_I64)
     np.add.at(want, dst.box_piece, np.prod(dst.hi - dst.lo, axis=1))
     got = np.zeros(len(dst.holders), dtype=_I64)
     np.add.at(got, dst.box_piece[box], np.where(piece >= 0, numel, 0))
     if (piece < 0).any() or not np.array_equal(want, got):
-        raise AssertionError("the source pieces do not cover the destination pieces exactly")
+        # only explicit runs (RunsSpec) leave destination elements without a source;
+        # hits partition each destination box, so a missing source shows in the totals
+        q = int(np.flatnonzero(want != got)[0])
+        raise ValueError(
+            "the source spec does not hold every element the destination needs: "
+            f"{int(want[q] - got[q])} elements of the destination piece {dst.runs()[q]} "
+            f"(ranks {dst.holders[q].tolist()}) are held by no source rank"
+        )
     return {
         "piece": piece,
         "start": start,
