@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import statistics
@@ -67,15 +68,8 @@ def worker_stats(worker: Any) -> dict[str, Any]:
     stats = dict(getattr(eng, "last_stats", {}))
     derived = getattr(eng, "_derived", None)
     if derived is not None:  # the meshlayout engine: the boxes its model needs
-        stats["shard_bytes"] = 4 * sum(_numel(c.src) for c in derived[1].copies.values())
+        stats["shard_bytes"] = 4 * sum(math.prod(c.shape) for c in derived[1].copies.values())
     return stats
-
-
-def _numel(box: Any) -> int:
-    n = 1
-    for a, b in box:
-        n *= b - a
-    return n
 
 
 def make_model(path: str, args: argparse.Namespace) -> int:

@@ -28,7 +28,7 @@ from ._literal import Step, placement_steps, torch_split_runs
 from ._order import Run, Runs, chunk_bounds, literal_runs
 from ._placements import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard
 from ._reshard import ReshardPlan, Transfer, reshard_plan
-from ._runs_spec import RunsSpec, view_spec
+from ._runs_spec import RunsSpec, view_shape, view_spec
 from ._spec import MeshLike, ShardingSpec
 from ._transfer import Slot, TensorTransfer, TransferPlan, TransferRound, slabs, transfer_plan
 
@@ -67,5 +67,6 @@ __all__ = [
     "slabs",
     "torch_split_runs",
     "transfer_plan",
+    "view_shape",
     "view_spec",
 ]

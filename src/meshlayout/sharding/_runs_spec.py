@@ -52,7 +52,7 @@ from ._order import Runs
 from ._placements import Partial, Placement
 from ._spec import MeshLike, ShardingSpec, _check_shape, _Local
 
-__all__ = ["RunsSpec", "view_spec"]
+__all__ = ["RunsSpec", "view_shape", "view_spec"]
 
 # canonical runs: ((rank, runs per dim), ...) by ascending rank
 _RankRuns = tuple[tuple[int, tuple[Runs, ...]], ...]
@@ -416,6 +416,20 @@ def view_spec(spec: ShardingSpec, index: object) -> tuple[RunsSpec, dict[int, tu
             f"(view shape {view_shape}); a view spec needs at least one"
         )
     return RunsSpec(view_shape, runs), local
+
+
+def view_shape(global_shape: Sequence[int], index: object) -> tuple[int, ...]:
+    """The shape of ``tensor[index]`` for a basic index of ``global_shape`` (the
+    index rules of :func:`view_spec`; ValueError / TypeError likewise).
+
+    >>> view_shape((8, 6, 4), (3, slice(0, 6, 2)))
+    (3, 4)
+    """
+    shape = tuple(int(n) for n in global_shape)
+    entries = _check_index(index, shape)
+    return tuple(
+        len(range(*e.indices(n))) for e, n in zip(entries, shape) if isinstance(e, slice)
+    )
 
 
 def _check_index(index: object, shape: tuple[int, ...]) -> tuple[int | slice, ...]:

@@ -255,6 +255,10 @@ def exchange(
         )
         sides[key] = [int(r) for r in text.decode().split()]
     union = tuple(sorted(set(sides["S"]) | set(sides["D"])))
+    if group is not None:
+        # every member of a sync group takes part; a rank's own meshes need not show
+        # them all (a tensor on separately built 1-D meshes: each rank sees its own)
+        union = tuple(range(world))
     if me not in union:
         raise ValueError(
             f"WeightTransfer: rank {me} is in neither side's meshes (source "

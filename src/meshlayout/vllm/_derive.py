@@ -23,6 +23,7 @@ Every vLLM name used here (the reload metadata and helpers of
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from typing import Any
 
 import torch
 
+from ..sharding import Runs
 from ..torch._c10d import dispatch_mode
 
 __all__ = ["Copy", "Derivation", "Fill", "derive"]
@@ -42,12 +44,24 @@ _PROBE_AT = 1 << 46  # the probe lives here; loaders' own tensors start near 0
 
 @dataclass(frozen=True)
 class Copy:
-    """``module.param[dst] = checkpoint[src]`` (boxes of equal shape)."""
+    """``module.param[dst]`` receives the checkpoint tensor's elements at ``runs``.
+
+    ``runs``: per checkpoint dim, the ``(start, stop)`` runs read, in local order: one
+    box, or several loader copies that form a product of runs (the gate and the up rows
+    of every expert of a stacked ``gate_up_proj``). ``dst``: the box of the parameter
+    they land in, whose view has the runs' local shape up to dims of size 1 (a 2-D
+    checkpoint tensor into one expert of a 3-D parameter).
+    """
 
     module: str
     param: str
     dst: Box
-    src: Box
+    runs: tuple[Runs, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The local shape of the runs (what the transfer delivers)."""
+        return tuple(sum(b - a for a, b in r) for r in self.runs)
 
 
 @dataclass(frozen=True)
@@ -86,25 +100,32 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _decode(view: torch.Tensor, base: int, shape: tuple[int, ...]) -> Box | None:
-    """The box of a contiguous tensor of ``shape`` at offset ``base`` that ``view`` is,
-    or None when it is not a box in the same dim order (a transpose, a reshape)."""
-    if view.dim() != len(shape):
-        return None
+    """The box of a contiguous tensor of ``shape`` at offset ``base`` that ``view`` is
+    (dims the view lacks are length-1 ranges: ``param[e]`` of a 3-D parameter), or
+    None when it is not a box in the same dim order (a transpose, a reshape)."""
     rel = view.storage_offset() - base
     gs = _contiguous_strides(shape)
-    if rel < 0 or rel >= max(math.prod(shape), 1):
+    if rel < 0 or rel >= max(math.prod(shape), 1) or not shape:
+        return None if shape or rel else ()
+    start = [rel // gs[0]] + [(rel // gs[d]) % shape[d] for d in range(1, len(shape))]
+    if start[0] >= shape[0]:
         return None
-    box = []
-    for d, (size, stride) in enumerate(zip(view.shape, view.stride())):
-        start = rel // gs[d] if d == 0 else (rel // gs[d]) % shape[d]
-        if size > 1 and stride != gs[d]:
+    box = [(s, s + 1) for s in start]
+    d = 0
+    for size, stride in zip(view.shape, view.stride()):
+        if size == 1:
+            continue
+        while d < len(shape) and not (gs[d] == stride and start[d] + size <= shape[d]):
+            d += 1
+        if d == len(shape):
             return None
-        if start + size > shape[d]:
-            return None
-        box.append((int(start), int(start + size)))
-    if sum(s * g for (s, _), g in zip(box, gs)) != rel:
-        return None
-    return tuple(box)
+        box[d] = (start[d], start[d] + int(size))
+        d += 1
+    return tuple((int(a), int(b)) for a, b in box)
+
+
+def _squeezed(box: Box) -> list[int]:
+    return [b - a for a, b in box if b - a != 1]
 
 
 class _Recorder(dispatch_mode()):  # type: ignore[misc]
@@ -193,15 +214,15 @@ def derive(
             rec = _Recorder()
             try:
                 with rec:
-                    loaded = model.load_weights([(name, probe)])  # type: ignore[operator]
+                    model.load_weights([(name, probe)])  # type: ignore[operator]
             except Exception as exc:  # the model cannot take this tensor
                 first = (str(exc).strip().splitlines() or [""])[0][:200]
                 unknown[name] = f"its load_weights raised {type(exc).__name__}: {first}"
                 continue
             if not rec.copies and not rec.fills:
-                unknown[name] = "the model's load_weights took nothing from it"
-                if loaded is not None and name not in loaded:
-                    unknown[name] = "the model's load_weights does not know this name"
+                # the name is unknown, or this worker holds none of it (an expert
+                # another expert-parallel worker holds): the verdict tells them apart
+                unknown[name] = "the model's load_weights takes nothing from it"
                 continue
             reads[name] = _reads(rec, shape)
             _count_writes(rec, tagged, starts, writes)
@@ -252,7 +273,7 @@ def _count_writes(
     starts: list[int],
     writes: dict[tuple[str, str], int],
 ) -> None:
-    for dst, _ in rec.copies:
+    for dst in [d for d, _ in rec.copies] + [f for f, _ in rec.fills]:  # padding fills too
         owner = _owner(dst, tagged, starts)
         if owner is not None:
             key = owner[1][:2]
@@ -269,21 +290,33 @@ def _interpret(
 ) -> tuple[Copy, tuple[Fill, ...]] | str:
     if rec.other:
         return f"its loader writes with {sorted(set(rec.other))}"
-    if len(rec.copies) != 1:
-        return f"its loader makes {len(rec.copies)} copies (one box to one box is exact)"
-    dst_view, src_view = rec.copies[0]
-    owner = _owner(dst_view, tagged, starts)
-    if owner is None:
-        return "its loader copies into a tensor that is not a parameter"
-    start, (module, param, pshape) = owner
-    dst = _decode(dst_view, start, pshape)
-    if not isinstance(src_view, torch.Tensor) or not src_view.is_meta:
-        return "its loader copies a computed value"
-    src = _decode(src_view, _PROBE_AT, shape)
-    if dst is None or src is None:
-        return "its loader transposes, reshapes or computes (not one box into one box)"
-    if [b - a for a, b in dst] != [b - a for a, b in src]:
-        return f"its loader copies a {src} box into a {dst} box of another shape"
+    if not rec.copies:
+        return "its loader only fills"
+    pairs: list[tuple[Box, Box]] = []
+    target: tuple[int, str, str, tuple[int, ...]] | None = None
+    for dst_view, src_view in rec.copies:
+        owner = _owner(dst_view, tagged, starts)
+        if owner is None:
+            return "its loader copies into a tensor that is not a parameter"
+        start, (module, param, pshape) = owner
+        if target is not None and target[0] != start:
+            return "its loader copies into several parameters"
+        target = (start, module, param, pshape)
+        if not isinstance(src_view, torch.Tensor) or not src_view.is_meta:
+            return "its loader copies a computed value"
+        dst = _decode(dst_view, start, pshape)
+        src = _decode(src_view, _PROBE_AT, shape)
+        if dst is None or src is None:
+            return "its loader transposes, reshapes or computes (not boxes into boxes)"
+        if _squeezed(dst) != _squeezed(src):
+            return f"its loader copies a {src} box into a {dst} box of another shape"
+        pairs.append((dst, src))
+    assert target is not None
+    _, module, param, pshape = target
+    merged = _merge_copies(pairs) if len(pairs) > 1 else (pairs[0][0], _box_runs(pairs[0][1]))
+    if isinstance(merged, str):
+        return merged
+    dst, runs = merged
     out_fills = []
     for view, value in rec.fills:
         if view.numel() == 0:
@@ -297,4 +330,66 @@ def _interpret(
             return "its loader fills a region that is not a box"
         if math.prod(b - a for a, b in region):
             out_fills.append(Fill(f_module, f_param, region, value))
-    return Copy(module, param, dst, src), tuple(out_fills)
+    return Copy(module, param, dst, runs), tuple(out_fills)
+
+
+def _box_runs(box: Box) -> tuple[Runs, ...]:
+    return tuple(((a, b),) for a, b in box)
+
+
+def _merge_copies(pairs: list[tuple[Box, Box]]) -> tuple[Box, tuple[Runs, ...]] | str:
+    """One parameter box and the checkpoint runs of several copies, or why not.
+
+    The copies' source boxes must form a product of disjoint intervals per dim, and
+    each must land at the same offset from one base in the parameter that its local
+    position has in that product (the parameter box is then one view of the runs'
+    local layout): vLLM's loader of a stacked ``gate_up_proj`` copies each expert's
+    gate rows and up rows into ``w13_weight[e]``; merged, a TP worker reads two row
+    runs of every expert into its whole ``w13_weight``.
+
+    >>> _merge_copies([(((0, 1), (0, 2)), ((0, 1), (4, 6))), (((0, 1), (2, 4)), ((0, 1), (8, 10))),
+    ...                (((1, 2), (0, 2)), ((1, 2), (4, 6))), (((1, 2), (2, 4)), ((1, 2), (8, 10)))])
+    (((0, 2), (0, 4)), (((0, 2),), ((4, 6), (8, 10))))
+    """
+    ndim = len(pairs[0][1])
+    if any(len(dst) != ndim or len(src) != ndim for dst, src in pairs):
+        return f"its loader makes {len(pairs)} copies whose dims do not line up"
+    per_dim: list[list[tuple[int, int]]] = []
+    for d in range(ndim):
+        intervals = sorted({src[d] for _, src in pairs})
+        if any(a[1] > b[0] for a, b in itertools.pairwise(intervals)):
+            return f"its loader makes {len(pairs)} copies that overlap"
+        per_dim.append(intervals)
+    if len({src for _, src in pairs}) != len(pairs) or len(pairs) != math.prod(
+        len(iv) for iv in per_dim
+    ):
+        return f"its loader makes {len(pairs)} copies that are not a product of runs"
+    position = []
+    for intervals in per_dim:
+        at, pos = {}, 0
+        for iv in intervals:
+            at[iv] = pos
+            pos += iv[1] - iv[0]
+        position.append(at)
+    base: list[int | None] = [None] * ndim
+    for dst, src in pairs:
+        for d in range(ndim):
+            if dst[d][1] - dst[d][0] != src[d][1] - src[d][0]:
+                return f"its loader makes {len(pairs)} copies whose boxes change shape"
+            b = dst[d][0] - position[d][src[d]]
+            if base[d] is None:
+                base[d] = b
+            elif base[d] != b:
+                return f"its loader makes {len(pairs)} copies not laid out as their runs"
+    runs: list[Runs] = []
+    for intervals in per_dim:
+        merged: list[tuple[int, int]] = []
+        for a, b in intervals:
+            if merged and merged[-1][1] == a:
+                merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        runs.append(tuple(merged))
+    extent = [sum(b - a for a, b in iv) for iv in per_dim]
+    dst_box = tuple((int(b or 0), int(b or 0) + n) for b, n in zip(base, extent))
+    return dst_box, tuple(runs)

@@ -82,8 +82,15 @@ class LoadFormat:
         attributes (weight loader, output dim, ...)."""
         view.__class__ = meta.__class__
         view.__dict__ = meta.__dict__.copy()
-        if "weight_loader" in view.__dict__:  # a past reload leaves its wrapper here
-            view.__dict__["weight_loader"] = _layerwise()._get_original_loader(meta)
+        # A past reload leaves its buffering wrapper on the load-format tensor (as an
+        # attribute, or behind vLLM parameters' ``weight_loader`` property): the probe
+        # must run the layer's own loader, or it records nothing.
+        original = _layerwise()._get_original_loader(meta)
+        if getattr(view, "weight_loader", None) is not original and hasattr(meta, "weight_loader"):
+            try:
+                view.weight_loader = original
+            except AttributeError:
+                view.__dict__["weight_loader"] = original
         self.modules[module]._parameters[param] = view
 
     def restore(self) -> None:
@@ -104,6 +111,36 @@ def load_format(model: torch.nn.Module) -> LoadFormat:
     return LoadFormat(model)
 
 
+_MISSING = object()
+_MODULE_STATE = {"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"}
+
+
+def _plain_attrs(obj: Any) -> dict[str, Any]:
+    """``obj``'s attributes other than a module's parameter, buffer and child tables."""
+    return {k: v for k, v in vars(obj).items() if k not in _MODULE_STATE}
+
+
+def _fresh_moe_kernel(layer: torch.nn.Module, kept: dict[int, tuple[Any, Any]]) -> None:
+    """On CPU, let a mixture-of-experts layer's processing repack its new weights.
+
+    vLLM's CPU MoE processing pads and prepacks ``w13_weight`` / ``w2_weight`` only
+    when the layer has no MoE kernel yet; on a weight update it copies the unpacked
+    weights into the packed storage instead (a size error, or wrong experts). With the
+    kernel cleared the processing repacks and builds a new kernel; the layerwise reload
+    then copies the repacked weights into the serving tensors. The old kernel is kept
+    (``kept``) so an aborted update puts it back.
+    """
+    from vllm.platforms import current_platform
+
+    method = getattr(layer, "quant_method", None)
+    if method is None or getattr(method, "moe_kernel", None) is None:
+        return
+    if not current_platform.is_cpu():
+        return
+    kept.setdefault(id(method), (method, method.moe_kernel))
+    method.moe_kernel = None
+
+
 class Reload:
     """One weight update of a live model through vLLM's layerwise reload, all or nothing
     (see the module docstring): :meth:`begin`, then per layer :meth:`materialize` and
@@ -116,6 +153,11 @@ class Reload:
         self.modules = dict(model.named_modules())
         self.started = False
         self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.kernels: dict[int, tuple[Any, Any]] = {}  # quant method -> its MoE kernel
+        # id -> (object, its attributes before the update): what processing rebinds
+        # besides tensors (on CPU a linear layer serves through ``cpu_linear``, a
+        # closure over its packed weight)
+        self.attrs: dict[int, tuple[Any, dict[str, Any]]] = {}
         self._original: Any = None
 
     def begin(self) -> None:
@@ -129,6 +171,7 @@ class Reload:
 
         def process(layer: torch.nn.Module, info: Any) -> None:
             self.save(layer)
+            _fresh_moe_kernel(layer, self.kernels)
             original(layer, info)
 
         lw._layerwise_process = process  # every layer vLLM processes saves first
@@ -144,7 +187,11 @@ class Reload:
                 self.saved[id(t)] = (t, t.detach().clone())
 
     def save(self, layer: torch.nn.Module) -> None:
-        """Keep a copy of ``layer``'s serving tensors (once per update)."""
+        """Keep a copy of ``layer``'s serving tensors and its (and its quantization
+        method's) attributes, once per update."""
+        for obj in (layer, getattr(layer, "quant_method", None)):
+            if obj is not None and id(obj) not in self.attrs:
+                self.attrs[id(obj)] = (obj, _plain_attrs(obj))
         info = _layerwise().get_layerwise_info(layer)
         kernel = info.kernel_tensors
         if kernel is None:
@@ -184,6 +231,8 @@ class Reload:
                 self._unpatch()
                 self.started = False
                 self.saved.clear()
+                self.kernels.clear()
+                self.attrs.clear()
 
     def abort(self) -> None:
         """Put every layer back in serving form with exactly its previous values."""
@@ -205,12 +254,23 @@ class Reload:
             with torch.no_grad():
                 for t, old in self.saved.values():
                     t.copy_(old)
+            for method, kernel in self.kernels.values():
+                method.moe_kernel = kernel
+            for obj, before in self.attrs.values():
+                now = _plain_attrs(obj)
+                for key in now.keys() - before.keys():
+                    del obj.__dict__[key]
+                for key, value in before.items():
+                    if now.get(key, _MISSING) is not value:
+                        obj.__dict__[key] = value
             if hasattr(self.model, "_original_do_torchao_reload"):
                 self.model._do_torchao_reload = self.model._original_do_torchao_reload
             lw.LOADING_LAYERS.clear()
         finally:
             self.started = False
             self.saved.clear()
+            self.kernels.clear()
+            self.attrs.clear()
 
     def reprocess(self, modules: list[str]) -> None:
         """Run the post-load processing of modules that share an updated tensor but

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from ..mesh import Mesh
-from ..sharding import Replicate, Shard, ShardingSpec
+from ..sharding import Replicate, Runs, RunsSpec, Shard, ShardingSpec
 from ..torch import RankTimeoutError, SyncGroup, WeightTransfer
 from ..torch._transfer_meta import dtype_name, dtype_of
 
@@ -135,19 +135,19 @@ def agree(sg: SyncGroup, n: int, trainers: int, manifest: Manifest) -> Layout:
     dtypes: dict[str, str] = {}
     fallback: dict[str, str] = {}
     for name, shape, _ in manifest:
-        boxes = {w: posts[w]["boxes"].get(name) for w in workers}
+        runs = {w: posts[w]["runs"].get(name) for w in workers}
         reasons = [posts[w]["fallback"][name] for w in workers if name in posts[w]["fallback"]]
         dtypes[name] = next(posts[w]["dtypes"][name] for w in workers if name in posts[w]["dtypes"])
-        spec = None if reasons else dst_spec_for(shape, boxes)
+        spec = None if reasons else _dst_spec(shape, runs)
         if spec is None:
-            fallback[name] = reasons[0] if reasons else "vLLM's split is not a torch-style one"
+            fallback[name] = reasons[0] if reasons else "its workers' pieces overlap unevenly"
             spec = ShardingSpec(
                 shape, Mesh({"workers": len(workers)}, ranks=workers), [Replicate()]
             )
         specs[name] = spec
     digest = hashlib.sha1(
         pickle.dumps(
-            (manifest, sorted((w, repr(sorted(p["boxes"].items()))) for w, p in posts.items()))
+            (manifest, sorted((w, repr(sorted(p["runs"].items()))) for w, p in posts.items()))
         ),
         usedforsecurity=False,
     ).hexdigest()
@@ -163,9 +163,11 @@ def _check(n: int, manifest: Manifest, posts: Mapping[int, dict[str, Any]]) -> N
     expected: dict[str, tuple[int, ...]] = {}
     for post in posts.values():
         expected.update({k: tuple(v) for k, v in (post.get("expected") or {}).items()})
-    unknown: dict[str, str] = {}
-    for post in posts.values():
-        unknown.update(post["unknown"])
+    unknown: dict[str, str] = {}  # names no worker takes anything of
+    for name, _, _ in manifest:
+        whys = [post["unknown"].get(name) for post in posts.values()]
+        if all(whys):
+            unknown[name] = str(whys[0])
     for name, why in sorted(unknown.items()):
         bad.add(name)
         problems.append(
@@ -174,7 +176,10 @@ def _check(n: int, manifest: Manifest, posts: Mapping[int, dict[str, Any]]) -> N
     for name, shape, _ in manifest:
         if name in unknown:
             continue
-        reads = [post["reads"].get(name, ()) for post in posts.values()]
+        reads = [
+            () if name in post["unknown"] else post["reads"].get(name, ())
+            for post in posts.values()
+        ]
         if any(r is None for r in reads):
             continue  # a loader that does not read boxes: checked by vLLM's own loader
         boxes = [b for r in reads for b in r]
@@ -303,6 +308,28 @@ def dst_spec_for(shape: tuple[int, ...], boxes: Mapping[int, Box | None]) -> Sha
         if spec.local_shape(w) != want_shape or spec.local_offset(w) != want_offset:
             return None
     return spec
+
+
+def _dst_spec(
+    shape: tuple[int, ...], runs: Mapping[int, tuple[Runs, ...] | None]
+) -> ShardingSpec | None:
+    """The destination spec over the workers holding part of a tensor: torch-style
+    ``Shard``/``Replicate`` where the pieces are (:func:`dst_spec_for`), else a
+    :class:`~meshlayout.sharding.RunsSpec` of the pieces (vLLM's padded vocabulary
+    split: rows [0, 416) and [416, 777) of 777; every expert's gate and up rows of a
+    stacked ``gate_up_proj``; the experts of an expert-parallel worker), or None
+    when the pieces cannot form one (overlaps that are not replicas)."""
+    held = {w: r for w, r in runs.items() if r is not None}
+    if not held:
+        return None
+    if len(held) == len(runs) and all(all(len(d) == 1 for d in r) for r in held.values()):
+        spec = dst_spec_for(shape, {w: tuple(d[0] for d in r) for w, r in held.items()})
+        if spec is not None:
+            return spec
+    try:
+        return RunsSpec(shape, held)
+    except ValueError:
+        return None
 
 
 def layer_groups(names: Sequence[str]) -> list[list[str]]:

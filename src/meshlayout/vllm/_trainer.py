@@ -27,7 +27,7 @@ from vllm.distributed.weight_transfer.base import (
 
 from ..torch import SyncGroup, WeightTransfer, sync_group
 from ..torch._sync import open_store
-from . import _session
+from . import _compat, _session
 from ._plugin import register
 from ._source import ShardedSource
 from ._worker import ENGINE_WORLD_KEY, MeshlayoutWorkerInitInfo
@@ -122,7 +122,12 @@ class MeshlayoutTrainerEngine(TrainerWeightTransferEngine[MeshlayoutTrainerInitI
         info: MeshlayoutTrainerInitInfo,
         sg: SyncGroup,
     ) -> None:
-        super().__init__(client=client, source=source, is_sender=is_sender)
+        super().__init__(
+            client=client,
+            source=source,
+            is_sender=is_sender,
+            **_compat.trainer_engine_kwargs(info.rank),
+        )
         self.info = info
         self.sg = sg
         self.updates = 0
@@ -197,7 +202,8 @@ class MeshlayoutTrainerEngine(TrainerWeightTransferEngine[MeshlayoutTrainerInitI
                 transfers = self._transfers_for(layout, tensors)
                 sent = 0
                 for names, wt in transfers:
-                    mine = {k: tensors[k] for k in names if wt.rank in wt.src_specs[k].mesh}
+                    held = [k for k in names if wt.rank in wt.src_specs[k].mesh]
+                    mine = self.source.pieces(held, sg)
                     wt.run(src_tensors=mine, verify=info.verify)
                     sent += sum(
                         s

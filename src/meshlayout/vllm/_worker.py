@@ -302,7 +302,7 @@ class MeshlayoutWeightTransferEngine(
                     underfilled[f"{key[0]}.{key[1]}"] = (got, numel)
         first = get_world_group().rank_in_group == 0
         return {
-            "boxes": {n: c.src for n, c in d.copies.items()},
+            "runs": {n: c.runs for n, c in d.copies.items()},
             "reads": d.reads,
             "fallback": dict(d.fallback),
             "unknown": dict(d.unknown),
@@ -313,6 +313,7 @@ class MeshlayoutWeightTransferEngine(
 
     def _transfers_for(self, layout: _session.Layout) -> list[tuple[list[str], WeightTransfer]]:
         assert self.sg is not None and self.info is not None
+        me = self.sg.rank
         if self._transfers is not None and self._transfers[0] == layout.digest:
             return self._transfers[1]
         built = _session.transfers(
@@ -321,7 +322,11 @@ class MeshlayoutWeightTransferEngine(
             self.info.bucket_bytes,
             self._buffers,
             lambda names: None,
-            lambda names: {n: (layout.specs[n], dtype_of(layout.dtypes[n])) for n in names},
+            lambda names: {
+                n: (layout.specs[n], dtype_of(layout.dtypes[n]))
+                for n in names
+                if me in layout.specs[n].mesh  # an expert-parallel worker holds some experts
+            },
         )
         self._transfers = (layout.digest, built)
         return built
@@ -342,22 +347,22 @@ class MeshlayoutWeightTransferEngine(
             views: dict[str, torch.Tensor] = {}
             written: dict[str, int] = {}
             for name in names:
-                if name in layout.fallback:
+                if name in layout.fallback or name not in d.copies:
                     continue
                 c = d.copies[name]
                 layer = reload.materialize(c.module)
-                views[name] = getattr(layer, c.param)[_slices(c.dst)]
+                views[name] = getattr(layer, c.param)[_slices(c.dst)].view(c.shape)
             got = wt.run(out=views, verify=verify)
             received += sum(
                 s for r in range(len(wt.plan.rounds)) for s in wt.plan.round(r).recv_sizes(wt.rank)
             )
             for name in names:
-                if name in layout.fallback:
+                if name in layout.fallback or name not in d.copies:
                     continue
                 c = d.copies[name]
                 for f in d.fills.get(name, ()):
                     getattr(reload.modules[f.module], f.param)[_slices(f.region)].fill_(f.value)
-                written[c.module] = written.get(c.module, 0) + math.prod(b - a for a, b in c.dst)
+                written[c.module] = written.get(c.module, 0) + math.prod(c.shape)
                 exact += 1
             with torch.no_grad():
                 for module, numel in written.items():
