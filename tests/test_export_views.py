@@ -428,3 +428,82 @@ def test_views_of_a_large_stacked_tensor_stay_near_buffer_bytes(tmp_path: Path) 
             assert torch.equal(f.get_tensor(f"e{e}.gate"), full[e, :n_i])
             assert torch.equal(f.get_tensor(f"e{e}.up"), full[e, n_i:])
             assert torch.equal(f.get_tensor(f"e{e}.even"), full[e, ::2])
+
+
+def test_box_views_read_each_share_in_one_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per-expert views of an expert-parallel checkpoint: each view lies in one chunk and
+    is contiguous there, so it costs one positioned read (two when the chunks also cut
+    the hidden dim, one per chunk)."""
+    from meshlayout.torch.checkpoint import _export
+
+    full = torch.randn(E, 2 * F, H, generator=torch.Generator().manual_seed(1))
+    views = [(f"{e}.gate", (e, slice(0, F))) for e in range(E)]
+    views += [(f"{e}.up", (e, slice(F, 2 * F))) for e in range(E)]
+    reads: list[int] = []
+    real = _export._read_into
+
+    def counted(f: Any, view: memoryview, offset: int) -> None:
+        reads.append(len(view))
+        real(f, view, offset)
+
+    monkeypatch.setattr(_export, "_read_into", counted)
+    for cuts, per_view in (([[1, 3], [], []], 1), ([[2], [], [4]], 2)):
+        root, out = tmp_path / f"ckpt{per_view}", tmp_path / f"out{per_view}"
+        chunked_checkpoint(root, {"w": (full, grid(full.shape, cuts))})
+        reads.clear()
+        export_safetensors(root, out, rename={"w": views})
+        assert len(reads) == per_view * len(views)
+        ref = {new: ("w", index) for new, index in views}
+        assert_bitwise(read_all(out), expected({"w": full}, ref))
+
+
+def test_a_tiny_qwen3_moe_loads_from_the_exported_per_expert_files(tmp_path: Path) -> None:
+    """transformers 5 keeps Qwen3-MoE experts stacked in memory (``gate_up_proj``
+    [E, 2I, H], ``down_proj`` [E, H, I]) and saves them per expert: the views write the
+    same files ``save_pretrained`` does, and ``from_pretrained`` gives the same logits."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Qwen3MoeConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        moe_intermediate_size=8,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen3MoeForCausalLM(cfg).eval()
+    sd = model.state_dict()
+    n_e, n_i = cfg.num_experts, cfg.moe_intermediate_size
+    assert sd["model.layers.0.mlp.experts.gate_up_proj"].shape == (n_e, 2 * n_i, 16)
+    ckpt = tmp_path / "ckpt"
+    dcp.save({k: v.clone() for k, v in sd.items()}, checkpoint_id=str(ckpt), no_dist=True)
+
+    def per_expert(name: str) -> Any:
+        if name.endswith("experts.gate_up_proj"):
+            p = name.removesuffix("gate_up_proj")
+            return [(f"{p}{e}.gate_proj.weight", (e, slice(0, n_i))) for e in range(n_e)] + [
+                (f"{p}{e}.up_proj.weight", (e, slice(n_i, 2 * n_i))) for e in range(n_e)
+            ]
+        if name.endswith("experts.down_proj"):
+            return [
+                (f"{name}".replace("down_proj", f"{e}.down_proj.weight"), e) for e in range(n_e)
+            ]
+        return name
+
+    out = tmp_path / "hf"
+    export_safetensors(ckpt, out, rename=per_expert)
+    cfg.save_pretrained(out)
+    model.save_pretrained(tmp_path / "reference")  # transformers' own per-expert files
+    assert_bitwise(read_all(out), read_all(tmp_path / "reference"))
+    loaded = transformers.Qwen3MoeForCausalLM.from_pretrained(out).eval()
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
