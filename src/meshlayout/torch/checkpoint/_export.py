@@ -17,6 +17,13 @@ is read straight into the output buffer). The two buffers share ``buffer_bytes``
 resident memory stays near ``buffer_bytes`` above the interpreter's, whatever the model
 or tensor size.
 
+A view (``rename`` answering ``[(name, index), ...]``) is an output of its own: its
+slabs are cut in the view's row-major order and mapped back to a selection of the
+source tensor (a box when every step is 1); each chunk's share of that selection is
+read with as few positioned reads as its layout allows (one when it is contiguous in
+the chunk, as for per-expert cuts of a stacked tensor; a strided share is read span by
+span, each span within the input buffer, and selected). The source is never loaded.
+
 The files are written in a temporary directory inside ``out_dir`` and moved into
 place at the end (the index, or the single file, last), so an interrupted export
 never leaves a complete-looking model.
@@ -54,7 +61,7 @@ from ._st_format import (
     shard_name,
 )
 
-__all__ = ["ExportResult", "NotExportableError", "View", "export_safetensors"]
+__all__ = ["ExportResult", "NotExportableError", "export_safetensors"]
 
 Progress = Callable[[int, int], None]
 #: a basic index of a tensor's global shape: ints (drop the dim) and slices (step >= 1)
@@ -623,7 +630,7 @@ def export_safetensors(
     out_dir: str | os.PathLike[str],
     *,
     keys: Iterable[str] | Callable[[str], bool] | None = None,
-    rename: Mapping[str, str] | Callable[[str], str] | None = None,
+    rename: Mapping[str, Renamed] | Callable[[str], Renamed] | None = None,
     dtype: str | torch.dtype | None = None,
     max_file_bytes: int = 5 * 2**30,
     buffer_bytes: int = 64 * 2**20,
@@ -641,14 +648,23 @@ def export_safetensors(
     ``keys``: which tensors: checkpoint names, or a callable name -> bool such as
     ``lambda n: n.startswith("model.")`` (default every tensor; non-tensor values are
     skipped; a callable that selects nothing raises ValueError). ``rename``: mapping
-    (names it lacks keep theirs) or callable, checkpoint name -> output name. ``dtype``
+    (names it lacks keep theirs) or callable, checkpoint name -> output name, or ->
+    a list of *views* ``[(output name, index), ...]``: one output tensor
+    ``tensor[index]`` each, ``index`` a basic index of the tensor's shape (ints drop
+    their dim, slices have step >= 1, missing trailing entries take the dim whole),
+    e.g. a stacked ``gate_up_proj`` [E, 2I, H] -> ``[(f"...experts.{e}.gate_proj.weight",
+    (e, slice(0, I))), ...]``. Views may overlap; each is streamed like a tensor (only
+    the chunks it intersects are read) and takes the tensor's dtype rule. ``dtype``
     (``"bf16"``, ``"BF16"``, ``torch.bfloat16``, ...): floating-point tensors of 16 bits
     or more are cast to it on the way; integer, bool and float8 tensors, and 0-d
     tensors, keep their dtype. ``buffer_bytes``: the slab buffers' total size (resident
     memory stays near it above the interpreter's). ``progress``: True draws a tqdm bar on stderr; a
     callable gets ``(bytes_done, bytes_total)``.
 
-    Raises, before writing anything: ValueError naming the tensor and the region when
+    Raises, before writing anything: ValueError naming the checkpoint tensor, the output
+    name and the index for a view index out of range, with a step < 1 or too many
+    entries, or selecting nothing; ValueError naming both for two outputs (plain or
+    views) with one name; ValueError naming the tensor and the region when
     its chunks leave a hole or overlap, or when a stored chunk is not what the
     metadata says; KeyError for an unknown key; ValueError/TypeError for bad
     arguments; FileExistsError when ``out_dir`` already holds a safetensors model.
