@@ -17,6 +17,13 @@ is read straight into the output buffer). The two buffers share ``buffer_bytes``
 resident memory stays near ``buffer_bytes`` above the interpreter's, whatever the model
 or tensor size.
 
+A view (``rename`` answering ``[(name, index), ...]``) is an output of its own: its
+slabs are cut in the view's row-major order and mapped back to a selection of the
+source tensor (a box when every step is 1); each chunk's share of that selection is
+read with as few positioned reads as its layout allows (one when it is contiguous in
+the chunk, as for per-expert cuts of a stacked tensor; a strided share is read span by
+span, each span within the input buffer, and selected). The source is never loaded.
+
 The files are written in a temporary directory inside ``out_dir`` and moved into
 place at the end (the index, or the single file, last), so an interrupted export
 never leaves a complete-looking model.
@@ -41,6 +48,7 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
 
+from ...sharding._runs_spec import _check_index as _basic_index
 from ._distcp import StoredTensor, locate, safe_relative
 from ._inspect import read_metadata
 from ._plan import ChunkIndex, tiling
@@ -56,6 +64,14 @@ from ._st_format import (
 __all__ = ["ExportResult", "NotExportableError", "export_safetensors"]
 
 Progress = Callable[[int, int], None]
+#: a basic index of a tensor's global shape: ints (drop the dim) and slices (step >= 1)
+Index = int | slice | tuple[int | slice, ...]
+#: one output tensor cut from a checkpoint tensor: ``(output name, index)``
+View = tuple[str, Index]
+#: what ``rename`` gives for one checkpoint name: an output name, or a list of views
+Renamed = str | list[View]
+# one output of a checkpoint tensor: (output name, normalised index or None = whole)
+_Out = tuple[str, tuple[int | slice, ...] | None]
 _MIN_BUFFER = 64
 
 
@@ -86,12 +102,16 @@ class _Piece:
 
 @dataclass(frozen=True)
 class _Tensor:
+    """One output tensor: ``source[index]`` of checkpoint tensor ``name``."""
+
     name: str  # in the checkpoint
     out: str  # in the output
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # of the output (the view)
     dtype: torch.dtype  # stored
     out_dtype: torch.dtype
     pieces: tuple[_Piece, ...]
+    source: tuple[int, ...]  # the checkpoint tensor's shape
+    index: tuple[int | slice, ...]  # one entry per source dim: int (dropped) or slice
 
     @property
     def nbytes(self) -> int:
@@ -158,25 +178,91 @@ def _selected(metadata: Metadata, keys: Iterable[str] | Callable[[str], bool] | 
     return sorted(wanted)
 
 
-def _renamed(
-    names: list[str], rename: Mapping[str, str] | Callable[[str], str] | None
-) -> list[str]:
+def _outputs(
+    metadata: Metadata,
+    names: list[str],
+    rename: Mapping[str, Renamed] | Callable[[str], Renamed] | None,
+) -> list[list[_Out]]:
+    """Per selected name, its outputs: ``(name, None)`` for the whole tensor, or views
+    ``(name, normalised index)``; every output name checked valid and unique."""
     if rename is None:
-        out = list(names)
+        answers: list[Any] = list(names)
     elif isinstance(rename, Mapping):
-        out = [rename.get(n, n) for n in names]
+        answers = [rename.get(n, n) for n in names]
     elif callable(rename):
-        out = [rename(n) for n in names]
+        answers = [rename(n) for n in names]
     else:
         raise TypeError(f"rename must be a mapping or a callable, got {type(rename).__name__}")
+    out: list[list[_Out]] = []
     seen: dict[str, str] = {}
-    for name, new in zip(names, out):
-        if not isinstance(new, str) or not new or new == "__metadata__":
-            raise ValueError(f"rename: {name!r} -> {new!r} is not a valid tensor name")
-        if new in seen:
-            raise ValueError(f"rename: {seen[new]!r} and {name!r} would both be written as {new!r}")
-        seen[new] = name
+    for name, answer in zip(names, answers):
+        md = metadata.state_dict_metadata[name]
+        assert isinstance(md, TensorStorageMetadata)
+        shape = tuple(int(n) for n in md.size)
+        if isinstance(answer, list):
+            outs = _views(name, shape, answer)
+        else:
+            if not _valid_name(answer):
+                raise ValueError(
+                    f"rename: {name!r} -> {answer!r} is not a valid tensor name (give a "
+                    "non-empty string other than '__metadata__', or a list of (name, index) views)"
+                )
+            outs = [(answer, None)]
+        for new, index in outs:
+            what = repr(name) if index is None else f"{name!r} (view {index!r})"
+            if new in seen:
+                raise ValueError(
+                    f"rename: {seen[new]} and {what} would both be written as {new!r}; "
+                    "output names must be unique"
+                )
+            seen[new] = what
+        out.append(outs)
     return out
+
+
+def _valid_name(new: object) -> bool:
+    return isinstance(new, str) and bool(new) and new != "__metadata__"
+
+
+def _views(name: str, shape: tuple[int, ...], views: list[Any]) -> list[_Out]:
+    """Checked views ``[(output name, index), ...]`` of checkpoint tensor ``name``."""
+    if not views:
+        raise ValueError(
+            f"rename: {name!r} -> [] gives no output; leave the tensor out with keys= instead"
+        )
+    out: list[_Out] = []
+    for view in views:
+        if not isinstance(view, tuple) or len(view) != 2:
+            raise TypeError(
+                f"rename: {name!r}: view {view!r} must be a pair (output name, index), "
+                "e.g. ('experts.0.w', (0, slice(0, 8)))"
+            )
+        new, index = view
+        if not _valid_name(new):
+            raise ValueError(
+                f"rename: {name!r} view {view!r}: {new!r} is not a valid tensor name "
+                "(a non-empty string other than '__metadata__')"
+            )
+        where = f"rename: checkpoint tensor {name!r} {shape}, output {new!r}"
+        try:
+            entries = _basic_index(index, shape)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        except TypeError as exc:
+            raise TypeError(f"{where}: {exc}") from None
+        size = tuple(len(range(e.start, e.stop, e.step)) for e in entries if isinstance(e, slice))
+        if 0 in size:
+            raise ValueError(
+                f"{where}: index {index!r} selects no element (view shape {size}); "
+                "a view needs at least one"
+            )
+        out.append((new, tuple(_plain(e) for e in entries)))
+    return out
+
+
+def _plain(e: int | slice) -> int | slice:
+    """An index entry with plain Python ints (numpy ints print as ``np.int64(3)``)."""
+    return int(e) if isinstance(e, int) else slice(int(e.start), int(e.stop), int(e.step))
 
 
 def _out_dtype(
@@ -225,14 +311,15 @@ def _plan(
     root: Path,
     metadata: Metadata,
     names: list[str],
-    outs: list[str],
+    outputs: list[list[_Out]],
     dtype: torch.dtype | None,
     files: _Files,
 ) -> list[_Tensor]:
-    """Every selected tensor with its chunks located and checked; raises before any write."""
+    """Every output tensor (a selected tensor, or a view of one) with its chunks located
+    and checked; raises before any write."""
     storage = metadata.storage_data if isinstance(metadata.storage_data, Mapping) else {}
     plans = []
-    for name, out in zip(names, outs):
+    for name, outs in zip(names, outputs):
         md = metadata.state_dict_metadata[name]
         assert isinstance(md, TensorStorageMetadata)
         shape = tuple(int(s) for s in md.size)
@@ -289,7 +376,15 @@ def _plan(
                 )
             box = tuple((o, o + s) for o, s in zip(offsets, sizes))
             pieces.append(_Piece(box, path, stored))
-        plans.append(_Tensor(name, out, shape, stored_dtype, out_dtype, tuple(pieces)))
+        whole = tuple(slice(0, n, 1) for n in shape)
+        for out, index in outs:
+            entries = whole if index is None else index
+            view = tuple(
+                len(range(e.start, e.stop, e.step)) for e in entries if isinstance(e, slice)
+            )
+            plans.append(
+                _Tensor(name, out, view, stored_dtype, out_dtype, tuple(pieces), shape, entries)
+            )
     return plans
 
 
@@ -359,6 +454,29 @@ def _mapped(f: Any, stored: StoredTensor) -> Iterator[torch.Tensor]:
             del raw
 
 
+def _select(
+    piece: _Piece, sel: list[tuple[int, int, int]]
+) -> tuple[list[int], list[int], list[int]] | None:
+    """A chunk's share of a selection ``sel`` (per source dim: first index, count,
+    step): per dim the first selected index inside the chunk (chunk-local), the count
+    there, and the position of that first index within the selection; None if the
+    chunk holds none of it (a strided selection may step over a chunk)."""
+    local, counts, at = [], [], []
+    for (first, count, step), (p0, p1) in zip(sel, piece.box):
+        lo, hi = max(first, p0), min(first + (count - 1) * step + 1, p1)
+        g0 = first + -(-(lo - first) // step) * step  # first selected index >= lo
+        if g0 >= hi:
+            return None
+        local.append(g0 - p0)
+        counts.append(-(-(hi - g0) // step))
+        at.append((g0 - first) // step)
+    return local, counts, at
+
+
+# a read may take up to this many bytes it does not need, to save system calls
+_SLACK = 64 * 1024
+
+
 def _fill(
     t: _Tensor,
     out: Any,
@@ -368,59 +486,101 @@ def _fill(
     outbuf: torch.Tensor,
     tick: Callable[[int], None],
 ) -> None:
-    """Write tensor ``t``'s bytes at offset ``at`` of ``out``, slab by slab."""
+    """Write output tensor ``t`` (the view ``source[t.index]``) at offset ``at`` of
+    ``out``, slab by slab: a slab of the view is a selection of the source (a box when
+    every step is 1); each chunk's share of it is read in as few positioned reads as
+    its layout allows (one when the share is contiguous in the chunk, as for whole
+    tensors and views cutting leading dims) and copied into the output buffer."""
     shape, o_size = t.shape, _itemsize(t.out_dtype)
     if math.prod(shape) == 0:
         return
     i_size = _itemsize(t.dtype)
     budget = max(1, min(outbuf.numel() // o_size, inbuf.numel() // i_size))
+    in_cap = inbuf.numel() // i_size
     same = t.dtype == t.out_dtype
     index = ChunkIndex(
-        shape, [(tuple(a for a, _ in p.box), tuple(b - a for a, b in p.box)) for p in t.pieces]
+        t.source, [(tuple(a for a, _ in p.box), tuple(b - a for a, b in p.box)) for p in t.pieces]
     )
     in_view = memoryview(inbuf.numpy())  # type: ignore[arg-type]
     out_view = memoryview(outbuf.numpy())  # type: ignore[arg-type]
     strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+    kept = [d for d, e in enumerate(t.index) if isinstance(e, slice)]  # source dim of view dim
     for lead, k, start, stop in _slabs(shape, budget):
-        inner = shape[k + 1 :]
-        count = (stop - start) * math.prod(inner) if shape else 1
-        slab = (
-            outbuf[: count * o_size]
-            .view(t.out_dtype)
-            .view(((stop - start), *inner) if shape else ())
+        # the slab in view coordinates, one (start, stop) per view dim
+        vbox = (
+            [(i, i + 1) for i in lead] + [(start, stop)] + [(0, n) for n in shape[k + 1 :]]
+            if shape
+            else []
         )
-        box = (
-            tuple((i, i + 1) for i in lead)
-            + (((start, stop),) if shape else ())
-            + tuple((0, n) for n in inner)
-        )
-        for ci, common in index.overlapping(box):
-            piece = t.pieces[ci]
-            f = files.get(piece.path)
-            local = [a - p for (a, _), (p, _) in zip(common, piece.box)]
-            dest = tuple(slice(a - b0, e - b0) for (a, e), (b0, _) in zip(common[k:], box[k:]))
-            if piece.stored.contiguous and same and common[k + 1 :] == box[k + 1 :]:
-                # the share is slab rows [a, e) whole: read it into the output buffer directly
-                csizes = [e - b for b, e in piece.box]
-                first = sum(c * math.prod(csizes[d + 1 :]) for d, c in enumerate(local))
-                row = math.prod(inner) * o_size
-                lo = (common[k][0] - start) * row if shape else 0
-                hi = (common[k][1] - start) * row if shape else o_size
-                _read_into(f, out_view[lo:hi], piece.stored.data_offset + first * i_size)
-            elif piece.stored.contiguous:
-                csizes = [e - b for b, e in piece.box]
-                first = sum(c * math.prod(csizes[d + 1 :]) for d, c in enumerate(local))
-                n = math.prod(e - a for a, e in common)
-                nbytes = n * piece.stored.itemsize
-                _read_into(
-                    f, in_view[:nbytes], piece.stored.data_offset + first * piece.stored.itemsize
-                )
-                src = inbuf[:nbytes].view(t.dtype).view([e - a for a, e in common[k:]])
-                slab[dest].copy_(src)
+        count = math.prod(b - a for a, b in vbox)
+        slab = outbuf[: count * o_size].view(t.out_dtype).view([b - a for a, b in vbox])
+        # the same elements in source coordinates: per dim (first, count, step)
+        vdims = iter(vbox)
+        sel = []
+        for e in t.index:
+            if isinstance(e, int):
+                sel.append((e, 1, 1))
             else:
+                a, b = next(vdims)
+                sel.append((e.start + a * e.step, b - a, e.step))
+        cover = tuple((f, f + (c - 1) * s + 1) for f, c, s in sel)
+        for ci, _ in index.overlapping(cover):
+            piece = t.pieces[ci]
+            share = _select(piece, sel)
+            if share is None:
+                continue
+            local, counts, where = share
+            steps = [s for _, _, s in sel]
+            f = files.get(piece.path)
+            if not piece.stored.contiguous:
                 with _mapped(f, piece.stored) as whole:
-                    part = whole[tuple(slice(a, a + (e - b)) for a, (b, e) in zip(local, common))]
-                    slab[dest].copy_(part.reshape([e - a for a, e in common[k:]]))
+                    part = whole[
+                        tuple(
+                            slice(lo, lo + (c - 1) * s + 1, s) if d in kept else lo
+                            for d, (lo, c, s) in enumerate(zip(local, counts, steps))
+                        )
+                    ]
+                    slab[tuple(slice(where[d], where[d] + counts[d]) for d in kept)].copy_(part)
+                continue
+            csizes = [b - a for a, b in piece.box]
+            cstr = [math.prod(csizes[d + 1 :]) for d in range(len(csizes))]
+            nd = len(csizes)
+            # outer dims [0, j) are looped over, dims [j, nd) read at once: the smallest j
+            # whose sub-share's byte span fits the input buffer without much waste
+            j = 0
+            while j < nd:
+                n_sub = math.prod(counts[j:])
+                span = sum((counts[d] - 1) * steps[d] * cstr[d] for d in range(j, nd)) + 1
+                if span <= in_cap and (span <= 2 * n_sub or span * i_size <= _SLACK):
+                    break
+                j += 1
+            n_sub = math.prod(counts[j:])
+            span = sum((counts[d] - 1) * steps[d] * cstr[d] for d in range(j, nd)) + 1
+            inner_kept = [d for d in kept if d >= j]
+            for outer in np.ndindex(*counts[:j]) if j else [()]:
+                first = sum(
+                    (local[d] + (outer[d] if d < j else 0) * steps[d]) * cstr[d] for d in range(nd)
+                )
+                target = slab[
+                    tuple(
+                        where[d] + int(outer[d]) if d < j else slice(where[d], where[d] + counts[d])
+                        for d in kept
+                    )
+                ]
+                offset = piece.stored.data_offset + first * i_size
+                if span == n_sub and same and target.is_contiguous():
+                    lo = target.storage_offset() * o_size
+                    _read_into(f, out_view[lo : lo + n_sub * o_size], offset)
+                    continue
+                _read_into(f, in_view[: span * i_size], offset)
+                src = (
+                    inbuf[: span * i_size]
+                    .view(t.dtype)
+                    .as_strided(
+                        [counts[d] for d in inner_kept], [steps[d] * cstr[d] for d in inner_kept]
+                    )
+                )
+                target.copy_(src)
         first_out = sum(i * s for i, s in zip((*lead, start), strides)) if shape else 0
         _write_at(out, out_view[: count * o_size], at + first_out * o_size)
         tick(count * o_size)
@@ -470,7 +630,7 @@ def export_safetensors(
     out_dir: str | os.PathLike[str],
     *,
     keys: Iterable[str] | Callable[[str], bool] | None = None,
-    rename: Mapping[str, str] | Callable[[str], str] | None = None,
+    rename: Mapping[str, Renamed] | Callable[[str], Renamed] | None = None,
     dtype: str | torch.dtype | None = None,
     max_file_bytes: int = 5 * 2**30,
     buffer_bytes: int = 64 * 2**20,
@@ -488,14 +648,23 @@ def export_safetensors(
     ``keys``: which tensors: checkpoint names, or a callable name -> bool such as
     ``lambda n: n.startswith("model.")`` (default every tensor; non-tensor values are
     skipped; a callable that selects nothing raises ValueError). ``rename``: mapping
-    (names it lacks keep theirs) or callable, checkpoint name -> output name. ``dtype``
+    (names it lacks keep theirs) or callable, checkpoint name -> output name, or ->
+    a list of *views* ``[(output name, index), ...]``: one output tensor
+    ``tensor[index]`` each, ``index`` a basic index of the tensor's shape (ints drop
+    their dim, slices have step >= 1, missing trailing entries take the dim whole),
+    e.g. a stacked ``gate_up_proj`` [E, 2I, H] -> ``[(f"...experts.{e}.gate_proj.weight",
+    (e, slice(0, I))), ...]``. Views may overlap; each is streamed like a tensor (only
+    the chunks it intersects are read) and takes the tensor's dtype rule. ``dtype``
     (``"bf16"``, ``"BF16"``, ``torch.bfloat16``, ...): floating-point tensors of 16 bits
     or more are cast to it on the way; integer, bool and float8 tensors, and 0-d
     tensors, keep their dtype. ``buffer_bytes``: the slab buffers' total size (resident
     memory stays near it above the interpreter's). ``progress``: True draws a tqdm bar on stderr; a
     callable gets ``(bytes_done, bytes_total)``.
 
-    Raises, before writing anything: ValueError naming the tensor and the region when
+    Raises, before writing anything: ValueError naming the checkpoint tensor, the output
+    name and the index for a view index out of range, with a step < 1 or too many
+    entries, or selecting nothing; ValueError naming both for two outputs (plain or
+    views) with one name; ValueError naming the tensor and the region when
     its chunks leave a hole or overlap, or when a stored chunk is not what the
     metadata says; KeyError for an unknown key; ValueError/TypeError for bad
     arguments; FileExistsError when ``out_dir`` already holds a safetensors model.
@@ -514,7 +683,7 @@ def export_safetensors(
         raise ValueError(f"out_dir {str(dest)!r} is the checkpoint directory; choose another")
     metadata = read_metadata(root)
     names = _selected(metadata, keys)
-    outs = _renamed(names, rename)
+    outputs = _outputs(metadata, names, rename)
     clash = _existing(dest)
     if clash:
         raise FileExistsError(
@@ -522,7 +691,7 @@ def export_safetensors(
         )
     files = _Files()
     try:
-        tensors = _plan(root, metadata, names, outs, cast, files)
+        tensors = _plan(root, metadata, names, outputs, cast, files)
         groups = _split(tensors, max_file_bytes)
         dest.mkdir(parents=True, exist_ok=True)
         return _write(dest, groups, files, buffer_bytes, progress)
