@@ -427,9 +427,7 @@ def view_shape(global_shape: Sequence[int], index: object) -> tuple[int, ...]:
     """
     shape = tuple(int(n) for n in global_shape)
     entries = _check_index(index, shape)
-    return tuple(
-        len(range(*e.indices(n))) for e, n in zip(entries, shape) if isinstance(e, slice)
-    )
+    return tuple(len(range(*e.indices(n))) for e, n in zip(entries, shape) if isinstance(e, slice))
 
 
 def _check_index(index: object, shape: tuple[int, ...]) -> tuple[int | slice, ...]:

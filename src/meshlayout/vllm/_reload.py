@@ -88,7 +88,7 @@ class LoadFormat:
         original = _layerwise()._get_original_loader(meta)
         if getattr(view, "weight_loader", None) is not original and hasattr(meta, "weight_loader"):
             try:
-                view.weight_loader = original
+                view.weight_loader = original  # type: ignore[attr-defined]
             except AttributeError:
                 view.__dict__["weight_loader"] = original
         self.modules[module]._parameters[param] = view
