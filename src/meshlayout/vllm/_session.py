@@ -90,24 +90,57 @@ def waited(message: str, start: float, timeout: timedelta, exc: BaseException) -
     return f"{message}: gave up after {secs:.1f}s of a {limit:g}s timeout ({why})"
 
 
+# Large values (a manifest of tens of thousands of expert names, a worker's post) go
+# through the store once per sync group, under their digest; each update posts only the
+# digest, and each process keeps what it read (the values are the same update after
+# update while the model and its layout do not change).
+_SEEN: dict[str, Any] = {}
+_LAYOUTS: dict[tuple[str, ...], Layout] = {}
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha1(pickle.dumps(value), usedforsecurity=False).hexdigest()
+
+
+def _post_large(sg: SyncGroup, key: str, value: object) -> None:
+    d = _digest(value)
+    if not sg.store.check([f"{_PREFIX}/blob/{d}"]):
+        _post(sg.store, f"{_PREFIX}/blob/{d}", value)
+    _SEEN.setdefault(d, value)
+    sg.store.set(key, d)
+
+
+def _read_large(sg: SyncGroup, key: str, message: str, missing: list[int]) -> tuple[str, Any]:
+    start = time.monotonic()
+    try:
+        sg.store.wait([key], sg.timeout)
+        d = sg.store.get(key).decode()
+        if d not in _SEEN:
+            if len(_SEEN) > 64:
+                _SEEN.clear()
+            _SEEN[d] = pickle.loads(sg.store.get(f"{_PREFIX}/blob/{d}"))  # our own ranks'
+    except Exception as exc:
+        raise RankTimeoutError(waited(message, start, sg.timeout, exc), missing=missing) from exc
+    return d, _SEEN[d]
+
+
 def post_manifest(sg: SyncGroup, n: int, manifest: Manifest) -> None:
-    _post(sg.store, f"{_PREFIX}/{n}/manifest", manifest)
+    _post_large(sg, f"{_PREFIX}/{n}/manifest", manifest)
 
 
 def read_manifest(sg: SyncGroup, n: int) -> Manifest:
-    value: Manifest = _read(
-        sg.store,
+    _, value = _read_large(
+        sg,
         f"{_PREFIX}/{n}/manifest",
-        sg.timeout,
         f"meshlayout vLLM update {n}: worker (sync rank {sg.rank}) waited for the trainer's "
         "manifest (trainer rank 0 posts it in send_weights)",
         [0],
     )
-    return value
+    return value  # type: ignore[no-any-return]
 
 
 def post_worker(sg: SyncGroup, n: int, post: dict[str, Any]) -> None:
-    _post(sg.store, f"{_PREFIX}/{n}/worker/{sg.rank}", post)
+    _post_large(sg, f"{_PREFIX}/{n}/worker/{sg.rank}", post)
 
 
 def agree(sg: SyncGroup, n: int, trainers: int, manifest: Manifest) -> Layout:
@@ -121,15 +154,19 @@ def agree(sg: SyncGroup, n: int, trainers: int, manifest: Manifest) -> Layout:
     """
     workers = list(range(trainers, sg.world_size))
     posts: dict[int, dict[str, Any]] = {}
+    digests = [_digest((manifest, trainers, sg.world_size))]
     for w in workers:
-        posts[w] = _read(
-            sg.store,
+        d, posts[w] = _read_large(
+            sg,
             f"{_PREFIX}/{n}/worker/{w}",
-            sg.timeout,
             f"meshlayout vLLM update {n}: sync rank {sg.rank} waited for the derivation of "
             f"worker sync rank {w}",
             [w],
         )
+        digests.append(d)
+    key = tuple(digests)
+    if key in _LAYOUTS:  # the same manifest and the same derivations: the same verdict
+        return _LAYOUTS[key]
     _check(n, manifest, posts)
     specs: dict[str, ShardingSpec] = {}
     dtypes: dict[str, str] = {}
@@ -145,13 +182,12 @@ def agree(sg: SyncGroup, n: int, trainers: int, manifest: Manifest) -> Layout:
                 shape, Mesh({"workers": len(workers)}, ranks=workers), [Replicate()]
             )
         specs[name] = spec
-    digest = hashlib.sha1(
-        pickle.dumps(
-            (manifest, sorted((w, repr(sorted(p["runs"].items()))) for w, p in posts.items()))
-        ),
-        usedforsecurity=False,
-    ).hexdigest()
-    return Layout(specs, dtypes, fallback, layer_groups([m[0] for m in manifest]), digest)
+    digest = _digest(key)
+    layout = Layout(specs, dtypes, fallback, layer_groups([m[0] for m in manifest]), digest)
+    if len(_LAYOUTS) > 16:
+        _LAYOUTS.clear()
+    _LAYOUTS[key] = layout
+    return layout
 
 
 def _check(n: int, manifest: Manifest, posts: Mapping[int, dict[str, Any]]) -> None:
