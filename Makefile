@@ -114,8 +114,8 @@ $(VLLM033_STAMP): | $(VLLM_STAMP)
 # The vLLM end-to-end tests (one engine per module; files named test_vllm_*.py), and the
 # vLLM 0.33 protocol checks (tests/test_vllm_033.py, on the extracted 0.33 tree).
 pytest-vllm: setup-vllm vllm-033-tree
-	$(VLLM_PY) -m pytest -q -p no:randomly -p no:cacheprovider -o addopts="-ra --strict-markers" tests/test_vllm_e2e.py tests/test_vllm_serve.py tests/test_vllm_sessions.py \
-		tests/test_vllm_example.py tests/test_vllm_033.py
+	$(VLLM_PY) -m pytest -q -p no:randomly -p no:cacheprovider -o addopts="-ra --strict-markers" tests/test_vllm_e2e.py tests/test_vllm_sessions.py tests/test_vllm_moe.py \
+		tests/test_vllm_example.py tests/test_vllm_source_views.py tests/test_vllm_033.py
 
 test: lint typecheck pytest pytest-vllm
 

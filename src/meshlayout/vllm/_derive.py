@@ -128,32 +128,48 @@ def _squeezed(box: Box) -> list[int]:
     return [b - a for a, b in box if b - a != 1]
 
 
-class _Recorder(dispatch_mode()):  # type: ignore[misc]
-    """Records ``copy_`` / ``fill_`` / ``zero_`` into tagged tensors; runs nothing else
-    that writes (views and meta computations run as usual)."""
+class _Record:
+    """What the loaders did with one checkpoint name's probe."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.fills: list[tuple[torch.Tensor, float]] = []
         self.other: list[str] = []
+
+
+class _Recorder(dispatch_mode()):  # type: ignore[misc]
+    """Records ``copy_`` / ``fill_`` / ``zero_`` into tagged tensors, into the record of
+    the name being loaded (``current``); runs nothing else that writes (views and meta
+    computations run as usual). A write while no name is current is ``stray``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current: _Record | None = _Record()
+        self.stray = False
+
+    def _record(self) -> _Record:
+        if self.current is None:
+            self.stray = True
+            return _Record()
+        return self.current
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         aten = torch.ops.aten
         if func is aten.copy_.default:
-            self.copies.append((args[0], args[1]))
+            self._record().copies.append((args[0], args[1]))
             return args[0]
         if func in (aten.fill_.Scalar, aten.fill_.Tensor):
             value = args[1]
-            self.fills.append(
+            rec = self._record()
+            rec.fills.append(
                 (args[0], float(value) if not isinstance(value, torch.Tensor) else 0.0)
             )
             if isinstance(value, torch.Tensor):
-                self.other.append("fill_ with a tensor value")
+                rec.other.append("fill_ with a tensor value")
             return args[0]
         if func is aten.zero_.default:
-            self.fills.append((args[0], 0.0))
+            self._record().fills.append((args[0], 0.0))
             return args[0]
         name = func.__name__ if hasattr(func, "__name__") else str(func)
         target = args[0] if args and isinstance(args[0], torch.Tensor) else None
@@ -163,7 +179,7 @@ class _Recorder(dispatch_mode()):  # type: ignore[misc]
             and target.is_meta
             and target.storage_offset() >= _PARAMS_AT
         ):
-            self.other.append(str(name))
+            self._record().other.append(str(name))
             return target
         return func(*args, **kwargs)
 
@@ -177,9 +193,15 @@ def derive(
 
     entries = list(manifest)
     tagged: dict[int, tuple[str, str, tuple[int, ...]]] = {}  # offset -> module, param, shape
+    # each name's probe at its own offset past _PROBE_AT (one load_weights call for all)
+    probe_at: list[int] = []
+    at = _PROBE_AT
+    for _, shape, _ in entries:
+        probe_at.append(at)
+        at += max(math.prod(shape), 1)
     state = _reload.load_format(model)  # every layer in load format, on meta
     try:
-        size = _PROBE_AT + max((math.prod(s) for _, s, _ in entries), default=1) + 1
+        size = at + 1
         bases: dict[torch.dtype, torch.Tensor] = {}
 
         def base(dtype: torch.dtype) -> torch.Tensor:
@@ -203,30 +225,31 @@ def derive(
         if offset >= _PROBE_AT:  # pragma: no cover - 64 Ti elements of parameters
             raise ValueError("the model has too many parameter elements to probe")
         starts = sorted(tagged)
+
+        def probe(i: int) -> torch.Tensor:
+            _, shape, dtype = entries[i]
+            return base(dtype).as_strided(shape, _contiguous_strides(shape), probe_at[i])
+
+        records = _load_all(model, entries, probe, probe_at)
         copies: dict[str, Copy] = {}
         fills: dict[str, tuple[Fill, ...]] = {}
         fallback: dict[str, str] = {}
         unknown: dict[str, str] = {}
         reads: dict[str, tuple[Box, ...] | None] = {}
         writes: dict[tuple[str, str], int] = {}
-        for name, shape, dtype in entries:
-            probe = base(dtype).as_strided(shape, _contiguous_strides(shape), _PROBE_AT)
-            rec = _Recorder()
-            try:
-                with rec:
-                    model.load_weights([(name, probe)])  # type: ignore[operator]
-            except Exception as exc:  # the model cannot take this tensor
-                first = (str(exc).strip().splitlines() or [""])[0][:200]
-                unknown[name] = f"its load_weights raised {type(exc).__name__}: {first}"
+        for i, (name, shape, _) in enumerate(entries):
+            rec = records[i]
+            if isinstance(rec, str):  # the model cannot take this tensor
+                unknown[name] = rec
                 continue
             if not rec.copies and not rec.fills:
                 # the name is unknown, or this worker holds none of it (an expert
                 # another expert-parallel worker holds): the verdict tells them apart
                 unknown[name] = "the model's load_weights takes nothing from it"
                 continue
-            reads[name] = _reads(rec, shape)
+            reads[name] = _reads(rec, shape, probe_at[i])
             _count_writes(rec, tagged, starts, writes)
-            outcome = _interpret(name, shape, rec, tagged, starts, dtype)
+            outcome = _interpret(name, shape, rec, tagged, starts, probe_at[i])
             if isinstance(outcome, str):
                 fallback[name] = outcome
                 continue
@@ -234,6 +257,57 @@ def derive(
         return Derivation(copies, fills, fallback, unknown, numel, kernel, reads, writes)
     finally:
         state.restore()
+
+
+def _load_all(
+    model: torch.nn.Module,
+    entries: list[tuple[str, tuple[int, ...], torch.dtype]],
+    probe: Any,
+    probe_at: list[int],
+) -> list[_Record | str]:
+    """Each name's record: one ``load_weights`` call over every probe (a model's loader
+    costs per call: a manifest of tens of thousands of expert names stays fast), checked
+    by where each copy reads from; if that call raises or a copy reads another name's
+    probe, one call per name instead (a name whose load raises gets the error text)."""
+    rec = _Recorder()
+    records = [_Record() for _ in entries]
+
+    def feed() -> Any:
+        for i, (name, _, _) in enumerate(entries):
+            rec.current = records[i]
+            yield name, probe(i)
+        rec.current = None
+
+    try:
+        with rec:
+            model.load_weights(feed())  # type: ignore[operator]
+        if not rec.stray and all(
+            _reads_within(r, probe_at[i], e[1]) for i, (r, e) in enumerate(zip(records, entries))
+        ):
+            return list(records)
+    except Exception:
+        pass
+    out: list[_Record | str] = []
+    for i, (name, _, _) in enumerate(entries):
+        one = _Recorder()
+        try:
+            with one:
+                model.load_weights([(name, probe(i))])  # type: ignore[operator]
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            out.append(f"its load_weights raised {type(exc).__name__}: {first}")
+            continue
+        assert one.current is not None
+        out.append(one.current)
+    return out
+
+
+def _reads_within(rec: _Record, at: int, shape: tuple[int, ...]) -> bool:
+    end = at + max(math.prod(shape), 1)
+    return all(
+        not isinstance(src, torch.Tensor) or not src.is_meta or at <= src.storage_offset() < end
+        for _, src in rec.copies
+    )
 
 
 def _owner(
@@ -254,13 +328,13 @@ def _owner(
     return start, (module, param, shape)
 
 
-def _reads(rec: _Recorder, shape: tuple[int, ...]) -> tuple[Box, ...] | None:
+def _reads(rec: _Record, shape: tuple[int, ...], at: int) -> tuple[Box, ...] | None:
     """The boxes of the probe that the recorded copies read (None: one is not a box)."""
     out = []
     for _, src in rec.copies:
         if not isinstance(src, torch.Tensor) or not src.is_meta:
             return None
-        box = _decode(src, _PROBE_AT, shape)
+        box = _decode(src, at, shape)
         if box is None:
             return None
         out.append(box)
@@ -268,7 +342,7 @@ def _reads(rec: _Recorder, shape: tuple[int, ...]) -> tuple[Box, ...] | None:
 
 
 def _count_writes(
-    rec: _Recorder,
+    rec: _Record,
     tagged: dict[int, tuple[str, str, tuple[int, ...]]],
     starts: list[int],
     writes: dict[tuple[str, str], int],
@@ -283,10 +357,10 @@ def _count_writes(
 def _interpret(
     name: str,
     shape: tuple[int, ...],
-    rec: _Recorder,
+    rec: _Record,
     tagged: dict[int, tuple[str, str, tuple[int, ...]]],
     starts: list[int],
-    dtype: torch.dtype,
+    at: int,
 ) -> tuple[Copy, tuple[Fill, ...]] | str:
     if rec.other:
         return f"its loader writes with {sorted(set(rec.other))}"
@@ -305,7 +379,7 @@ def _interpret(
         if not isinstance(src_view, torch.Tensor) or not src_view.is_meta:
             return "its loader copies a computed value"
         dst = _decode(dst_view, start, pshape)
-        src = _decode(src_view, _PROBE_AT, shape)
+        src = _decode(src_view, at, shape)
         if dst is None or src is None:
             return "its loader transposes, reshapes or computes (not boxes into boxes)"
         if _squeezed(dst) != _squeezed(src):

@@ -160,7 +160,7 @@ class ShardedSource(WeightSourceBase):
             trainers = sorted(group.rank_map().values()) or [group.rank]
             mesh = Mesh({"trainer": len(trainers)}, ranks=trainers)
             local, spec = base.detach(), ShardingSpec(tuple(base.shape), mesh, [Replicate()])
-        key = (spec, view.index)
+        key = (spec, repr(view.index))  # slices are unhashable before Python 3.12
         hit = self._views.get(key)
         if hit is None:
             hit = view_spec(spec, view.index)
