@@ -43,8 +43,10 @@ bounded store waits (shared with the mesh checks and group creation),
 Other packages (``meshlayout.vllm``, ``meshlayout.torch.checkpoint``) import the names
 below, never the private modules (``tests/test_layers.py`` checks it). Note that
 ``meshlayout.torch.transfer`` as an *attribute* of :mod:`meshlayout.torch` is the
-function :func:`transfer` (its public API); ``from meshlayout.torch.transfer import
-...`` reaches this package.
+function :func:`transfer` (its public API), so reach this package and its modules with
+``from meshlayout.torch.transfer import ...`` / ``from meshlayout.torch.transfer._meta
+import ...``; ``import meshlayout.torch.transfer as m`` and dotted strings for
+``monkeypatch``/``mock.patch`` walk the attributes and find the function.
 
 >>> from meshlayout.torch.transfer import WeightTransfer, sync_group, transfer
 >>> from meshlayout.torch import transfer as one_shot
