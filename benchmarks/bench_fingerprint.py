@@ -7,7 +7,7 @@ One process, one thread. For a weight matrix (default 45056 x 1024, 46M elements
 
 * **copy**: ``dst.copy_(src)`` of the same tensor (bf16 -> bf16), and the sender's
   cast (fp32 -> bf16): the memory traffic every method must pay;
-* **fingerprint** (``meshlayout.torch._fingerprint``): the destination side (bf16
+* **fingerprint** (``meshlayout.torch.transfer._fingerprint``): the destination side (bf16
   piece, one ``torch.mv`` over its int64 view) and the source side (fp32 piece hashed
   as bf16: cast into a cache-sized scratch, then ``mv``);
 * **widened**: the same sum with 4-byte limbs widened to int64 first (32 bits of
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from meshlayout.torch._fingerprint import COL_SALT, ROW_SALT, Fingerprinter, mix
+from meshlayout.torch.transfer._fingerprint import COL_SALT, ROW_SALT, Fingerprinter, mix
 
 
 def _best(fn: Callable[[], Any], repeats: int = 7) -> float:

@@ -334,7 +334,7 @@ class Check:
     def _fingerprints_agree_with_cpu(self) -> str:
         import torch
 
-        from meshlayout.torch._fingerprint import Fingerprinter
+        from meshlayout.torch.transfer._fingerprint import Fingerprinter
 
         g = torch.Generator().manual_seed(3)
         x = torch.randn(67, 131, generator=g)
@@ -381,7 +381,7 @@ class Check:
         import torch
 
         from meshlayout.sharding import local_slices
-        from meshlayout.torch._transfer import pack_round, schedule, unpack_round
+        from meshlayout.torch.transfer._execute import pack_round, schedule, unpack_round
 
         bf16 = {n: torch.bfloat16 for n in values}
         ranks = (0, 1)
@@ -450,8 +450,8 @@ class Check:
     def throughput(self) -> str:
         import torch
 
-        from meshlayout.torch._fingerprint import Fingerprinter
-        from meshlayout.torch._transfer import pack_round, unpack_round
+        from meshlayout.torch.transfer._execute import pack_round, unpack_round
+        from meshlayout.torch.transfer._fingerprint import Fingerprinter
 
         n = self.args.elements
         cols = 1024

@@ -31,7 +31,7 @@ from vllm.distributed.weight_transfer.factory import (
 
 from meshlayout.torch import sync_group
 from meshlayout.torch._collectives import Bounded, broadcast
-from meshlayout.torch._sync import open_store
+from meshlayout.torch.transfer import open_store
 
 BACKEND = "gather_broadcast"
 KEY = "baseline/engine_world_size"

@@ -190,6 +190,84 @@ def test_the_checker_catches_dynamic_and_lazy_upward_imports(tmp_path: Path) -> 
     ]
 
 
+# ---------------------------------------------------------------------- sealed packages
+
+#: Packages used from outside through their public names only (their ``__init__``):
+#: a module outside the package never imports one of its ``_private`` modules.
+SEALED = ("meshlayout.torch.transfer",)
+
+#: (importer, private module) allowed anyway, and why.
+SEALED_ALLOWED = {
+    # Bounded names SyncGroup for typing only; the package's __init__ imports
+    # _collectives, so importing the package from there would close a cycle.
+    ("meshlayout.torch._collectives", "meshlayout.torch.transfer._sync"),
+}
+
+
+def _imported_names(path: Path, root: Path = SRC) -> list[str]:
+    """``pkg.name`` for every ``from pkg import name`` in ``path`` (absolute names)."""
+    package = ("meshlayout", *_module_of(path, root))
+    if path.name != "__init__.py":
+        package = package[:-1]
+    return [
+        f"{_resolve(node.module or '', node.level, package)}.{alias.name}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.module is not None
+        for alias in node.names
+    ]
+
+
+def sealed_violations(path: Path, root: Path = SRC) -> list[str]:
+    """Every import in ``path`` of a private module of a sealed package it is not in
+    (``from package._module import x``, ``from package import _module``, dynamic)."""
+    me = _module_name(path, root)
+    found = []
+    names = [name for name, _ in _imports(path, root)] + _imported_names(path, root)
+    for name in dict.fromkeys(names):
+        for package in SEALED:
+            inside = me == package or me.startswith(package + ".")
+            rest = name.removeprefix(package + ".")
+            if inside or rest == name or not rest.startswith("_"):
+                continue
+            private = f"{package}.{rest.split('.')[0]}"
+            if (me, private) not in SEALED_ALLOWED:
+                found.append(f"{me} imports {private}: use {package}'s public names")
+    return list(dict.fromkeys(found))
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(SRC)))
+def test_sealed_packages_are_used_through_their_public_names(path: Path) -> None:
+    assert sealed_violations(path) == []
+
+
+def test_the_sealed_checker_catches_a_private_import(tmp_path: Path) -> None:
+    root = tmp_path / "meshlayout"
+    (root / "vllm").mkdir(parents=True)
+    (root / "torch" / "transfer").mkdir(parents=True)
+    (root / "torch" / "checkpoint").mkdir()
+    (root / "vllm" / "_worker.py").write_text(
+        "from ..torch.transfer import open_store\n"  # public: fine
+        "from ..torch.transfer._meta import dtype_of\n"
+        "def f():\n"
+        "    from ..torch.transfer import _sync\n"
+        '    return __import__("meshlayout.torch.transfer._execute")\n'
+    )
+    (root / "torch" / "checkpoint" / "_plan.py").write_text(
+        "from ..transfer._fingerprint import Fingerprinter\n"
+    )
+    (root / "torch" / "transfer" / "_execute.py").write_text("from ._meta import exchange\n")
+    assert sealed_violations(root / "vllm" / "_worker.py", root) == [
+        f"meshlayout.vllm._worker imports meshlayout.torch.transfer.{m}: use "
+        "meshlayout.torch.transfer's public names"
+        for m in ("_meta", "_execute", "_sync")
+    ]
+    assert sealed_violations(root / "torch" / "checkpoint" / "_plan.py", root) == [
+        "meshlayout.torch.checkpoint._plan imports meshlayout.torch.transfer._fingerprint: "
+        "use meshlayout.torch.transfer's public names"
+    ]
+    assert sealed_violations(root / "torch" / "transfer" / "_execute.py", root) == []
+
+
 # ---------------------------------------------------------------------- import cycles
 
 

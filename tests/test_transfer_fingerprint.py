@@ -1,4 +1,4 @@
-"""meshlayout.torch._fingerprint (WeightTransfer's verify) against a brute-force reference.
+"""meshlayout.torch.transfer._fingerprint (WeightTransfer's verify) against a brute-force reference.
 
 The reference works element by element in Python integers from the definition: the
 element's bytes (numpy, little-endian), its global row (flat over all dims but the
@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from meshlayout.torch._fingerprint import (  # noqa: E402
+from meshlayout.torch.transfer._fingerprint import (  # noqa: E402
     COL_SALT,
     ROW_SALT,
     Fingerprinter,

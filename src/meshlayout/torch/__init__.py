@@ -15,9 +15,8 @@ from ._exit import drain_at_exit  # noqa: F401  (import registers the clean-exit
 from ._mesh import DistributedMesh, init_mesh, mesh_fingerprint
 from ._parallel import HostLayoutWarning, ParallelMeshes, build, build_parallel_dims
 from ._reshard import reshard
-from ._sync import SyncGroup, sync_group
 from ._tensor import distribute, full_tensor, redistribute
-from ._transfer import WeightTransfer, transfer
+from .transfer import SyncGroup, WeightTransfer, sync_group, transfer
 
 __all__ = [
     "DistributedMesh",

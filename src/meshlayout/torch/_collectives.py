@@ -38,8 +38,8 @@ from . import _c10d
 from ._errors import RankTimeoutError, format_ranks
 from ._store import wait_for_members
 
-if TYPE_CHECKING:
-    from ._sync import SyncGroup
+if TYPE_CHECKING:  # the module, not the package: its __init__ imports this one
+    from .transfer._sync import SyncGroup
 
 __all__ = [
     "Bounded",

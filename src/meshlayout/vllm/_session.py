@@ -36,7 +36,7 @@ import torch
 from ..mesh import Mesh
 from ..sharding import Replicate, Runs, RunsSpec, Shard, ShardingSpec
 from ..torch import RankTimeoutError, SyncGroup, WeightTransfer
-from ..torch._transfer_meta import dtype_name, dtype_of
+from ..torch.transfer import dtype_name, dtype_of
 
 __all__ = [
     "Layout",

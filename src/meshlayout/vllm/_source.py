@@ -30,7 +30,7 @@ import torch
 from ..mesh import Mesh
 from ..sharding import Replicate, ShardingSpec, view_shape, view_spec
 from ..torch import SyncGroup
-from ..torch._transfer_meta import is_dtensor
+from ..torch.transfer import is_dtensor
 from ._compat import Layout, WeightSourceBase, metadata_of, param_meta
 
 __all__ = ["ShardedSource"]
@@ -151,7 +151,7 @@ class ShardedSource(WeightSourceBase):
         self, view: View, group: SyncGroup
     ) -> tuple[torch.Tensor, ShardingSpec] | None:
         """(this rank's piece, the view's spec), or None where it holds none of it."""
-        from ..torch._transfer_meta import source_piece
+        from ..torch.transfer import source_piece
 
         base = view.base
         if is_dtensor(base):

@@ -26,7 +26,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 from ..torch import SyncGroup, WeightTransfer, sync_group
-from ..torch._sync import open_store
+from ..torch.transfer import open_store
 from . import _compat, _session
 from ._plugin import register
 from ._source import ShardedSource

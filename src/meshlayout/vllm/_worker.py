@@ -47,8 +47,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 from ..torch import SyncGroup, WeightTransfer, sync_group
-from ..torch._sync import open_store
-from ..torch._transfer_meta import dtype_name, dtype_of
+from ..torch.transfer import dtype_name, dtype_of, open_store
 from . import _session
 from ._derive import Derivation, derive
 from ._reload import Reload

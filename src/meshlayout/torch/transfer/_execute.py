@@ -8,7 +8,7 @@ Construction (collective over the union of both rank sets; other ranks do not ca
 
 1. **Metadata** through the default store (or a sync group's, ``group=``), bounded by ``timeout``: each side posts its
    rank set, then every rank posts (a digest of) what it holds: per name, the spec and
-   dtype of its source piece and of its destination piece (:mod:`._transfer_meta`). The lowest rank of the
+   dtype of its source piece and of its destination piece (:mod:`._meta`). The lowest rank of the
    union reads each distinct post once, checks that ranks agree, that every rank of a
    tensor's mesh passed it and that both sides name the same tensors, and posts the
    verdict; on a disagreement every rank raises
@@ -29,7 +29,7 @@ runs reuse the plan, schedule and buffers: nothing is planned or allocated again
 (except the results when ``out`` is not given).
 
 ``verify=True`` adds one small all-reduce (12 int64 per tensor): per tensor, an
-order-independent, position-aware fingerprint (:mod:`meshlayout.torch._fingerprint`:
+order-independent, position-aware fingerprint (:mod:`meshlayout.torch.transfer._fingerprint`:
 the sum mod 2^64 of every 8-byte limb of each row, in the destination dtype, times
 odd pseudo-random weights of its global row and limb; one ``torch.mv`` per box,
 about the cost of copying the data) of (a) the source elements, each counted once
@@ -57,17 +57,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..sharding import ShardingSpec, TransferPlan, local_slices, pieces, run_boxes
-from ..sharding import transfer_plan as _transfer_plan
-from . import _c10d
-from ._check import check_in_world
-from ._collectives import Bounded, all_reduce, all_to_all
-from ._errors import TransferVerificationError
+from ...sharding import ShardingSpec, TransferPlan, local_slices, pieces, run_boxes
+from ...sharding import transfer_plan as _transfer_plan
+from .. import _c10d
+from .._check import check_in_world
+from .._collectives import Bounded, all_reduce, all_to_all
+from .._errors import TransferVerificationError
+from .._groups import get_group
+from .._store import as_timedelta
 from ._fingerprint import MASK64, Fingerprinter
-from ._groups import get_group
-from ._store import as_timedelta
-from ._sync import SyncGroup, check_members
-from ._transfer_meta import (
+from ._meta import (
     check_piece,
     dest_entry,
     dtype_name,
@@ -76,6 +75,7 @@ from ._transfer_meta import (
     is_dtensor,
     source_piece,
 )
+from ._sync import SyncGroup, check_members
 
 __all__ = ["WeightTransfer", "transfer"]
 

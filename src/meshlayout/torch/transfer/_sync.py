@@ -7,7 +7,7 @@ sync group hosts it at ``master_address:master_port``), with ranks and a world s
 of its own, independent of any default group, which a process may have or not.
 c10d's world never learns about it, so ``torch.distributed``'s functions refuse it;
 meshlayout uses the group object's own methods (with per-operation timeouts, see
-:mod:`._c10d`) and the group's store for every rendezvous, timeout and error report.
+:mod:`meshlayout.torch._c10d`) and the group's store for every rendezvous, timeout and error report.
 
 Start-up is bounded by ``timeout`` and checked: a rank claimed by two processes, or
 members that disagree on the world size or backend, raise ``ValueError`` naming the
@@ -34,9 +34,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import _c10d
-from ._errors import RankTimeoutError, format_ranks
-from ._store import as_timedelta, gather_arrivals
+from .. import _c10d
+from .._errors import RankTimeoutError, format_ranks
+from .._store import as_timedelta, gather_arrivals
 
 __all__ = ["SyncGroup", "open_store", "sync_group"]
 

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..sharding import ShardingSpec
-from . import _c10d
-from ._errors import MeshMismatchError, RankTimeoutError, format_ranks
-from ._store import gather_arrivals
+from ...sharding import ShardingSpec
+from .. import _c10d
+from .._errors import MeshMismatchError, RankTimeoutError, format_ranks
+from .._store import gather_arrivals
 
 if TYPE_CHECKING:
     from ._sync import SyncGroup
@@ -44,12 +44,13 @@ __all__ = [
 
 # ---------------------------------------------------------------------- inputs
 def _spec_of_dtensor(value: Any, rank_map: Mapping[int, int] | None) -> ShardingSpec:
-    from .checkpoint._planners import dtensor_spec  # DTensor users have DCP loaded
+    from ..checkpoint._planners import dtensor_spec  # DTensor users have DCP loaded
 
     return dtensor_spec(value, rank_map=rank_map, root=True)
 
 
 def is_dtensor(value: object) -> bool:
+    """Whether ``value`` is a DTensor (without importing DTensor where none exists)."""
     module = sys.modules.get("torch.distributed.tensor")  # never imported: no DTensor exists
     return module is not None and isinstance(value, module.DTensor)
 
@@ -112,10 +113,12 @@ def dest_entry(name: str, value: object) -> tuple[ShardingSpec, torch.dtype | No
 
 
 def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (the spelling metadata posts carry)."""
     return str(dtype).removeprefix("torch.")
 
 
 def dtype_of(name: str) -> torch.dtype:
+    """The inverse of :func:`dtype_name`."""
     dtype = getattr(torch, name)
     assert isinstance(dtype, torch.dtype)
     return dtype
@@ -308,8 +311,8 @@ def _replicas(variants: list[tuple[Any, list[int]]]) -> tuple[ShardingSpec, str]
     its mesh (one sub-mesh), all with the same global shape, dtype, placements and mesh
     shape, on disjoint ranks: the result adds a leading ``Replicate`` mesh dim over them.
     """
-    from ..mesh import Mesh
-    from ..sharding import Replicate
+    from ...mesh import Mesh
+    from ...sharding import Replicate
 
     specs = [entry[0] for entry, _ in variants]
     dtypes = {entry[1] for entry, _ in variants}
