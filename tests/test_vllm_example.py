@@ -117,12 +117,7 @@ def served_runs(
     root = tmp_path_factory.mktemp("example")
     model_dir = str(root / "tiny-qwen2")
     e2e.make_qwen2(model_dir)
-    port = e2e.free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = str(root / "server.log")
-    proc = e2e.start_server(model_dir, port, log_path)
-    try:
-        e2e.wait_healthy(url, proc, 900, log_path)
+    with e2e.served(model_dir, str(root / "server.log")) as url:
         before = e2e.generate_http(url, model_dir, e2e.QWEN2_PROMPTS)
         runs = []
         for i, (seed, steps) in enumerate(RUNS):
@@ -131,12 +126,6 @@ def served_runs(
             generated = e2e.generate_http(url, model_dir, e2e.QWEN2_PROMPTS) if code == 0 else None
             runs.append(Run(seed, steps, code, output, save, generated))
         yield model_dir, before, runs
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def _succeeded(run: Run) -> None:

@@ -39,13 +39,8 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict
     root = tmp_path_factory.mktemp("moe")
     model_dir = str(root / "tiny-qwen3-moe")
     vllm_moe.make_model(model_dir)
-    port = e2e.free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = str(root / "server.log")
-    proc = e2e.start_server(model_dir, port, log_path)
     results: dict[str, Any] = {}
-    try:
-        e2e.wait_healthy(url, proc, 900, log_path)
+    with e2e.served(model_dir, str(root / "server.log")) as url:
         for kind in KINDS:
             results[kind] = run_multiproc(
                 vllm_moe.trainer,
@@ -58,12 +53,6 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict
                 start_method="spawn",
             )
         yield model_dir, results
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except Exception:
-            proc.kill()
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -67,13 +67,8 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict
     root = tmp_path_factory.mktemp("sessions")
     model_dir = str(root / "tiny-qwen2")
     e2e.make_qwen2(model_dir)
-    port = e2e.free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = str(root / "server.log")
-    proc = e2e.start_server(model_dir, port, log_path)
     results: dict[str, Any] = {}
-    try:
-        e2e.wait_healthy(url, proc, 900, log_path)
+    with e2e.served(model_dir, str(root / "server.log")) as url:
         for name, (actions, options) in SESSIONS.items():
             results[name] = run_multiproc(
                 vllm_sessions.session,
@@ -87,12 +82,6 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict
                 **options,
             )
         yield model_dir, results
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except Exception:
-            proc.kill()
 
 
 def _named(message: str) -> list[str]:

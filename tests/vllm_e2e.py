@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 CONFIG = {
@@ -108,6 +110,20 @@ def _tp_fsdp(model: Any) -> Any:
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     plan: dict[str, Any] = {"model.embed_tokens": RowwiseParallel(), "lm_head": ColwiseParallel()}
+    parallelize_module(model, mesh["tp"], {**plan, **layers_tp_plan(model)})
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    torch.set_grad_enabled(False)
+    return model
+
+
+def layers_tp_plan(model: Any) -> dict[str, Any]:
+    """Megatron-style TP of a Llama/Qwen decoder: q/k/v and gate/up by columns, o and
+    down by rows."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan: dict[str, Any] = {}
     for i in range(len(model.model.layers)):
         for name in ("q_proj", "k_proj", "v_proj"):
             plan[f"model.layers.{i}.self_attn.{name}"] = ColwiseParallel()
@@ -115,12 +131,7 @@ def _tp_fsdp(model: Any) -> Any:
         plan[f"model.layers.{i}.mlp.gate_proj"] = ColwiseParallel()
         plan[f"model.layers.{i}.mlp.up_proj"] = ColwiseParallel()
         plan[f"model.layers.{i}.mlp.down_proj"] = RowwiseParallel()
-    parallelize_module(model, mesh["tp"], plan)
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh["dp"])
-    fully_shard(model, mesh=mesh["dp"])
-    torch.set_grad_enabled(False)
-    return model
+    return plan
 
 
 def full_weights(model: Any) -> dict[str, Any]:
@@ -284,6 +295,24 @@ def start_server(model_dir: str, port: int, log_path: str) -> Any:
     ]  # fmt: skip
     log = open(log_path, "w")
     return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+@contextlib.contextmanager
+def served(model_dir: str, log_path: str) -> Iterator[str]:
+    """A ``vllm serve`` of ``model_dir`` with the backend (see :func:`start_server`),
+    healthy; yields its URL and stops it on exit."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_server(model_dir, port, log_path)
+    try:
+        wait_healthy(url, proc, 900, log_path)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except Exception:
+            proc.kill()
 
 
 def wait_healthy(url: str, proc: Any, budget: float, log_path: str) -> None:

@@ -31,11 +31,7 @@ import vllm_e2e as e2e
 def _model(model_dir: str, meshes: str) -> Any:
     import torch
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
+    from torch.distributed.tensor.parallel import parallelize_module
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -51,15 +47,7 @@ def _model(model_dir: str, meshes: str) -> Any:
 
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
         tp, dp = mesh["tp"], mesh["dp"]
-    plan: dict[str, Any] = {}
-    for i in range(len(model.model.layers)):
-        for name in ("q_proj", "k_proj", "v_proj"):
-            plan[f"model.layers.{i}.self_attn.{name}"] = ColwiseParallel()
-        plan[f"model.layers.{i}.self_attn.o_proj"] = RowwiseParallel()
-        plan[f"model.layers.{i}.mlp.gate_proj"] = ColwiseParallel()
-        plan[f"model.layers.{i}.mlp.up_proj"] = ColwiseParallel()
-        plan[f"model.layers.{i}.mlp.down_proj"] = RowwiseParallel()
-    parallelize_module(model, tp, plan)
+    parallelize_module(model, tp, e2e.layers_tp_plan(model))
     for layer in model.model.layers:
         fully_shard(layer, mesh=dp)
     fully_shard(model, mesh=dp)

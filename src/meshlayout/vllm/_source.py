@@ -134,18 +134,10 @@ class ShardedSource(WeightSourceBase):
 
     def pieces(self, names: list[str], group: SyncGroup) -> dict[str, Any]:
         """This rank's current pieces of ``names`` (for :meth:`WeightTransfer.run`):
-        DTensors and plain tensors as they are, views cut from this rank's piece."""
-        tensors = self.tensors()
-        out: dict[str, Any] = {}
-        for name in names:
-            t = tensors[name]
-            if isinstance(t, View):
-                got = self._view_source(t, group)
-                if got is not None:
-                    out[name] = got[0]
-            else:
-                out[name] = t
-        return out
+        DTensors as they are, the local pieces of plain tensors and views."""
+        return {
+            n: v[0] if isinstance(v, tuple) else v for n, v in self.sources(names, group).items()
+        }
 
     def _view_source(
         self, view: View, group: SyncGroup
