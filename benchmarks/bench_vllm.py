@@ -147,6 +147,7 @@ def bench_rank(
         elif extension is not None:
             kwargs["worker_extension_cls"] = extension
         llm = LLM(model_dir, weight_transfer_config={"backend": backend}, **kwargs)
+    generated = [vllm_e2e.generate_llm(llm)] if llm is not None else []
     if prepare is not None:
         prepare(llm)
     if backend == "meshlayout":
@@ -176,6 +177,8 @@ def bench_rank(
             out["worker_extra"].append([p - b for p, b in zip(peaks, workers_base)])
     if llm is not None:
         out["workers"] = llm.collective_rpc(stats)
+        # the trainer pushes the checkpoint's own values: greedy tokens must not change
+        out["generated"] = [*generated, vllm_e2e.generate_llm(llm)]
     engine.shutdown()
     if llm is not None:
         vllm_e2e.shutdown_llm(llm)

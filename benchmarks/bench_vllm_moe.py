@@ -199,6 +199,12 @@ def report(results: dict[str, Any], bucket: int) -> None:
                   f"({a / max(b, 1):.3f}x); peak extra memory {row['worker_extra'][w] / mib:.1f} MiB")  # fmt: skip
         print("  trainer peak extra memory per rank (MiB): "
               + ", ".join(f"{x / mib:.1f}" for x in row["trainer_extra"]))  # fmt: skip
+        before, after = r0["generated"]
+        same = [a[0] == b[0] for a, b in zip(before, after)]
+        drift = max(abs(x - y) for a, b in zip(before, after) for x, y in zip(a[1], b[1]))
+        row["same_tokens"] = all(same)
+        print(f"  greedy tokens after the updates equal the engine's before: {all(same)} "
+              f"(logprobs within {drift:.1e})")  # fmt: skip
         if row["fallbacks"] is not None:
             print(f"  fallbacks: {row['fallbacks']}")
         if row["derive"]:
