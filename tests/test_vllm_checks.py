@@ -134,3 +134,23 @@ def test_every_combination_of_mistakes_names_exactly_them() -> None:
             with pytest.raises(ValueError) as info:
                 _check(0, manifest, posts)
             assert f"tensors {sorted(wrong)}" in str(info.value)
+
+
+def test_a_loader_that_raises_on_some_workers_names_the_tensor_alone() -> None:
+    """q_proj with half its rows: worker 0's slice fits, worker 1's loader raises; the
+    qkv parameter left half-filled on worker 1 is not blamed besides it."""
+    q = "layers.1.q.weight"
+    manifest = [(q, (64, 128), "float32")]
+    posts = {
+        4: _post({q: (((0, 64), (0, 128)),)}, expected={q: (128, 128)}),
+        5: _post(
+            {},
+            unknown={q: "its load_weights raised RuntimeError: start (64) + length (64) exceeds"},
+            underfilled={"layers.1.qkv.weight": (8192, 16384)},
+        ),
+    }
+    with pytest.raises(ValueError) as info:
+        _check(0, manifest, posts)
+    message = str(info.value)
+    assert f"tensors {[q]}" in message and "(128, 128)" in message, message
+    assert "qkv" not in message, message

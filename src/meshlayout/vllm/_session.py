@@ -209,6 +209,18 @@ def _check(n: int, manifest: Manifest, posts: Mapping[int, dict[str, Any]]) -> N
         problems.append(
             f"{name!r} {shapes[name]}: the engine's model takes no tensor of this name ({why})"
         )
+    for name, _, _ in manifest:  # a loader that raised on some workers only: a wrong shape
+        raised = [
+            str(post["unknown"][name])
+            for post in posts.values()
+            if str(post["unknown"].get(name, "")).startswith("its load_weights raised")
+        ]
+        if raised and name not in unknown:
+            bad.add(name)
+            problems.append(
+                f"{name!r}: the trainer sends shape {shapes[name]}, which the engine's loader "
+                f"refuses ({raised[0]}; the engine expects {expected.get(name, 'another shape')})"
+            )
     for name, shape, _ in manifest:
         if name in unknown:
             continue
@@ -239,7 +251,7 @@ def _check(n: int, manifest: Manifest, posts: Mapping[int, dict[str, Any]]) -> N
                     f"{name!r} {expected[name]}: missing from the trainer's tensors (the "
                     "engine's checkpoint has it)"
                 )
-        else:
+        elif not problems:  # else the tensors named already explain it
             params = sorted(underfilled)
             bad.update(params)
             problems.append(

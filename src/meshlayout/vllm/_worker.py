@@ -306,7 +306,7 @@ class MeshlayoutWeightTransferEngine(
             "fallback": dict(d.fallback),
             "unknown": dict(d.unknown),
             "underfilled": underfilled,
-            "expected": self._expected_shapes() if first and underfilled else {},
+            "expected": self._expected_shapes() if first else {},
             "dtypes": dtypes,
         }
 
