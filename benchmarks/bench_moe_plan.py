@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from meshlayout import Mesh, ParallelDims
+from meshlayout import ParallelDims
 from meshlayout.sharding import (
     Placement,
     Shard,
@@ -188,7 +188,9 @@ def build(fsdp: str) -> tuple[dict[str, Any], dict[str, float]]:
 def _mask(shape: tuple[int, ...], runs: Any) -> Any:
     """Boolean mask of the elements a rank's runs (per dim) hold."""
     m = np.zeros(shape, dtype=bool)
-    idx = [np.concatenate([np.arange(a, b) for a, b in rs]) if rs else np.zeros(0, int) for rs in runs]
+    idx = [
+        np.concatenate([np.arange(a, b) for a, b in rs]) if rs else np.zeros(0, int) for rs in runs
+    ]
     if all(len(i) for i in idx):
         m[np.ix_(*idx)] = True
     return m
@@ -248,7 +250,9 @@ def check(kept: dict[str, Any], names: list[str]) -> list[str]:
             holders += int(want.sum())
         numel = int(np.prod(shape))
         assert moved == holders * ITEMSIZE, (name, moved, holders)
-        report.append(f"{name}: {moved} bytes = {moved // (numel * ITEMSIZE)} x {numel} x {ITEMSIZE}")
+        report.append(
+            f"{name}: {moved} bytes = {moved // (numel * ITEMSIZE)} x {numel} x {ITEMSIZE}"
+        )
     return report
 
 
@@ -276,7 +280,8 @@ def child(mode: str, fsdp: str, cpu: int) -> None:
     if mode == "check":
         rng = random.Random(0)
         expert_names = [n for n in kept["src"] if ".mlp.experts." in n]
-        pick = rng.sample(expert_names, 4) + [
+        pick = [
+            *rng.sample(expert_names, 4),
             "model.layers.7.self_attn.k_proj.weight",
             "model.layers.7.self_attn.o_proj.weight",
             "model.layers.7.self_attn.q_norm.weight",
@@ -331,7 +336,7 @@ def main() -> None:
             goal = f"   goal <= {GOAL_S:g} s" if phase == "total" else ""
             print(f"{phase:<8} {min(xs):>7.2f} {statistics.median(xs):>9.2f}{goal}")
         total = min(x["t"]["total"] for x in runs)
-        rss = max(x["rss_delta"] for x in runs + [mem])
+        rss = max(x["rss_delta"] for x in [*runs, mem])
         print(
             f"memory: tracemalloc peak {mem['trace_peak'] / 2**20:.0f} MiB, peak RSS growth "
             f"{rss / 2**20:.0f} MiB (largest of {len(runs) + 1} runs)   goal <= 1 GiB"

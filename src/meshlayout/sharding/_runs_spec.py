@@ -425,9 +425,7 @@ def _view_cached(
 ) -> tuple[RunsSpec | None, tuple[tuple[int, tuple[Any, ...]], ...]]:
     """The view of normalised entries (ints, ``(start, stop, step)``); None if empty."""
     entries = tuple(e if isinstance(e, int) else slice(*e) for e in key)
-    view_shape = tuple(
-        len(range(e.start, e.stop, e.step)) for e in entries if isinstance(e, slice)
-    )
+    view_shape = tuple(len(range(e.start, e.stop, e.step)) for e in entries if isinstance(e, slice))
     ranks = sorted(int(r) for r in np.asarray(spec.mesh.submeshes()).reshape(-1).tolist())
     runs: dict[int, tuple[Runs, ...]] = {}
     local: list[tuple[int, tuple[Any, ...]]] = []
@@ -532,9 +530,7 @@ def _view_of(
     if arithmetic:
         return tuple(view_runs), tuple(slices)
     kept = iter(steps)
-    arrays = iter(
-        np.ix_(*[_positions(p, next(kept)) for p in positions if not isinstance(p, int)])
-    )
+    arrays = iter(np.ix_(*[_positions(p, next(kept)) for p in positions if not isinstance(p, int)]))
     return tuple(view_runs), tuple(p if isinstance(p, int) else next(arrays) for p in positions)
 
 
