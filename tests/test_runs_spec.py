@@ -424,6 +424,65 @@ def test_view_of_one_expert() -> None:
     assert local == {2: (1, slice(0, 3, 1), slice(0, 2, 1)), 3: (1, slice(0, 3, 1), slice(0, 2, 1))}
 
 
+def test_view_spec_cached_views_are_shared_and_indices_fresh() -> None:
+    # equal specs (a model's layers) share one view; array indices are new per call
+    def stack():
+        return ShardingSpec((9, 5, 4), Mesh({"a": 2, "b": 2}), [StridedShard(0, 3), Shard(2)])
+
+    index = (slice(None, None, 2), 1)
+    v1, l1 = view_spec(stack(), index)
+    v2, l2 = view_spec(stack(), index)
+    assert v1 is v2 and l1.keys() == l2.keys()
+    pairs = [(a, b) for r in l1 for a, b in zip(l1[r], l2[r]) if isinstance(a, np.ndarray)]
+    assert pairs
+    for a, b in pairs:
+        assert a is not b and a.flags.writeable
+        np.testing.assert_array_equal(a, b)
+    want = [b.copy() for _, b in pairs]
+    for a, _ in pairs:
+        a[...] = -1  # a caller scribbling on its index changes no later answer
+    _, l3 = view_spec(stack(), index)
+    fresh = [x for r in l3 for x in l3[r] if isinstance(x, np.ndarray)]
+    for x, w in zip(fresh, want, strict=True):
+        np.testing.assert_array_equal(x, w)
+
+
+@SETTINGS
+@given(mixed_pairs(), st.integers(0, 60))
+def test_relabelled_plan_is_the_direct_plan(case, shift) -> None:
+    # runs sources on holders disjoint from the destination share one canonical plan;
+    # mapped back it is column for column the plan built directly
+    src, dst, _, _ = case
+    if not isinstance(src, RunsSpec):
+        return
+    moved = RunsSpec(src.global_shape, {r + shift: rr for r, rr in src.runs.items()})
+    for s in (src, moved):
+        if not set(covered(s)).isdisjoint(covered(dst)):
+            continue
+        got = reshard_plan(s, dst)
+        want = _reshard._build(s, dst, None)
+        assert got.src_spec == s and got.dst_spec == dst
+        assert (got.src_ranks, got.dst_ranks) == (want.src_ranks, want.dst_ranks)
+        for k, v in want.arrays().items():
+            np.testing.assert_array_equal(got.arrays()[k], v)
+            assert not got.arrays()[k].flags.writeable
+
+
+def test_experts_on_other_holders_share_one_canonical_plan() -> None:
+    stack = ShardingSpec((8, 6, 4), Mesh({"efsdp": 2, "ep": 4}), [StridedShard(0, 4), Shard(0)])
+    dst = ShardingSpec((6, 4), Mesh({"tp": 2}, ranks=[8, 9]), [Shard(0)])
+    _reshard._plan.cache_clear()
+    _reshard._canonical_plan.cache_clear()
+    views = [view_spec(stack, e)[0] for e in range(8)]
+    assert len(set(views)) == 8  # one holder each, all different
+    plans = [reshard_plan(v, dst) for v in views]
+    assert _reshard._canonical_plan.cache_info().misses == 1
+    for v, plan in zip(views, plans):
+        (holder,) = covered(v)
+        assert set(plan.arrays()["src"].tolist()) == {holder}
+        assert plan.elements_moved == 24
+
+
 # ---------------------------------------------------------------------- errors
 def test_errors_name_the_problem() -> None:
     with pytest.raises(ValueError, match=r"ranks \[1\] hold runs .* box \(\(2, 3\),\)"):

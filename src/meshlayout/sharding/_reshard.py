@@ -40,7 +40,9 @@ from typing import Any
 import numpy as np
 
 from ._boxes import Box, PieceTable, box_numel, piece_table
+from ._order import Runs
 from ._placements import Partial
+from ._runs_spec import RunsSpec
 from ._spec import ShardingSpec
 
 __all__ = ["ReshardPlan", "Transfer", "reshard_plan"]
@@ -490,6 +492,66 @@ class _Senders:
 
 @functools.lru_cache(maxsize=64)
 def _plan(src_spec: ShardingSpec, dst_spec: ShardingSpec, rph: int | None) -> ReshardPlan:
+    if rph is None and isinstance(src_spec, RunsSpec):
+        found = _relabelled(src_spec, dst_spec)
+        if found is not None:
+            return found
+    return _build(src_spec, dst_spec, rph)
+
+
+def _labels(count: int, dst_ranks: tuple[int, ...]) -> list[int]:
+    """The ``count`` smallest ints >= 0 that are no rank of ``dst_ranks``, ascending."""
+    taken = set(dst_ranks)
+    out: list[int] = []
+    x = 0
+    while len(out) < count:
+        if x not in taken:
+            out.append(x)
+        x += 1
+    return out
+
+
+def _relabelled(src_spec: RunsSpec, dst_spec: ShardingSpec) -> ReshardPlan | None:
+    """The plan from explicit runs, via the plan of its canonical form; None if the rank
+    sets overlap (local copies depend on which ranks are which).
+
+    The views of one stacked tensor (a layer's experts: ``view_spec(stack, e)``) are the
+    same runs on different holders. Relabelling the source ranks in order onto the
+    smallest ints outside the destination's ranks keeps every choice the planner makes
+    (sender ties go to the lower rank; no rank is on both sides), so one canonical plan
+    per (shape, runs, destination) serves them all: its source column is mapped back.
+    """
+    ranks = [r for r, _ in src_spec._runs]  # ascending: the mesh's ranks
+    dst_ranks = _covered(dst_spec)
+    if not set(dst_ranks).isdisjoint(ranks):
+        return None
+    canon = _canonical_plan(src_spec.global_shape, tuple(rr for _, rr in src_spec._runs), dst_spec)
+    labels = _labels(len(ranks), dst_ranks)
+    if labels == ranks:
+        return canon
+    c = canon._cols
+    actual = np.asarray(ranks, dtype=_I64)
+    src_col = actual[np.searchsorted(np.asarray(labels, dtype=_I64), c["src"])]
+    src_col.setflags(write=False)
+    return ReshardPlan(
+        src_spec=src_spec,
+        dst_spec=dst_spec,
+        ranks_per_host=None,
+        src_ranks=tuple(ranks),
+        dst_ranks=canon.dst_ranks,
+        _cols={**c, "src": src_col},
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _canonical_plan(
+    shape: tuple[int, ...], runs: tuple[tuple[Runs, ...], ...], dst_spec: ShardingSpec
+) -> ReshardPlan:
+    labels = _labels(len(runs), _covered(dst_spec))
+    return _build(RunsSpec(shape, dict(zip(labels, runs))), dst_spec, None)
+
+
+def _build(src_spec: ShardingSpec, dst_spec: ShardingSpec, rph: int | None) -> ReshardPlan:
     src = piece_table(src_spec)
     dst = piece_table(dst_spec)
     hits = _hits(src, dst)

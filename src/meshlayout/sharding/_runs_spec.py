@@ -38,6 +38,7 @@ the local index that cuts its view piece out of its local piece.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from collections.abc import Mapping, Sequence
@@ -400,22 +401,42 @@ def view_spec(spec: ShardingSpec, index: object) -> tuple[RunsSpec, dict[int, tu
         )
     shape = spec.global_shape
     entries = _check_index(index, shape)
-    view_shape = tuple(
-        len(range(*e.indices(n))) for e, n in zip(entries, shape) if isinstance(e, slice)
-    )
-    ranks = sorted(int(r) for r in np.asarray(spec.mesh.submeshes()).reshape(-1).tolist())
-    runs: dict[int, tuple[Runs, ...]] = {}
-    local: dict[int, tuple[Any, ...]] = {}
-    for rank in ranks:
-        got = _view_of(spec.local_runs(rank), entries, shape)
-        if got is not None:
-            runs[rank], local[rank] = got
-    if not runs:
+    key = tuple(e if isinstance(e, int) else (e.start, e.stop, e.step) for e in entries)
+    view, local = _view_cached(spec, key)
+    if view is None:
+        view_shape = tuple(
+            len(range(*e.indices(n))) for e, n in zip(entries, shape) if isinstance(e, slice)
+        )
         raise ValueError(
             f"index {index!r} of global_shape {shape} selects no element any rank holds "
             f"(view shape {view_shape}); a view spec needs at least one"
         )
-    return RunsSpec(view_shape, runs), local
+    # the cached local indices are shared: hand out fresh arrays (ints, slices are immutable)
+    return view, {
+        r: tuple(x.copy() if isinstance(x, np.ndarray) else x for x in ix) for r, ix in local
+    }
+
+
+# a stacked model repeats equal specs per layer: (spec, index) -> view; the RunsSpec is
+# immutable and shared, so layer L's expert e costs one lookup after layer 0's
+@functools.lru_cache(maxsize=4096)
+def _view_cached(
+    spec: ShardingSpec, key: tuple[int | tuple[int, int, int], ...]
+) -> tuple[RunsSpec | None, tuple[tuple[int, tuple[Any, ...]], ...]]:
+    """The view of normalised entries (ints, ``(start, stop, step)``); None if empty."""
+    entries = tuple(e if isinstance(e, int) else slice(*e) for e in key)
+    view_shape = tuple(len(range(e.start, e.stop, e.step)) for e in entries if isinstance(e, slice))
+    ranks = sorted(int(r) for r in np.asarray(spec.mesh.submeshes()).reshape(-1).tolist())
+    runs: dict[int, tuple[Runs, ...]] = {}
+    local: list[tuple[int, tuple[Any, ...]]] = []
+    for rank in ranks:
+        got = _view_of(spec.local_runs(rank), entries)
+        if got is not None:
+            runs[rank] = got[0]
+            local.append((rank, got[1]))
+    if not runs:
+        return None, ()
+    return RunsSpec(view_shape, runs), tuple(local)
 
 
 def view_shape(global_shape: Sequence[int], index: object) -> tuple[int, ...]:
@@ -466,11 +487,15 @@ def _check_index(index: object, shape: tuple[int, ...]) -> tuple[int | slice, ..
 
 
 def _view_of(
-    runs: tuple[Runs, ...], entries: tuple[int | slice, ...], shape: tuple[int, ...]
+    runs: tuple[Runs, ...], entries: tuple[int | slice, ...]
 ) -> tuple[tuple[Runs, ...], tuple[Any, ...]] | None:
-    """(view runs, local index) of one rank, or None if it holds nothing of the view."""
+    """(view runs, local index) of one rank, or None if it holds nothing of the view.
+
+    A kept dim's local positions are arithmetic segments ``(first, count)`` of the
+    slice's step, one per run it meets; O(runs), never O(elements)."""
     view_runs: list[Runs] = []
-    positions: list[list[int] | int] = []
+    positions: list[list[tuple[int, int]] | int] = []
+    steps: list[int] = []
     for rs, e in zip(runs, entries):
         pos = 0
         if isinstance(e, int):
@@ -485,7 +510,7 @@ def _view_of(
             continue
         s, t, k = e.start, e.stop, e.step
         vr: list[tuple[int, int]] = []
-        ps: list[int] = []
+        segs: list[tuple[int, int]] = []
         for a, b in rs:
             lo, hi = max(a, s), min(b, t)
             if lo < hi:
@@ -494,27 +519,46 @@ def _view_of(
                     c = -(-(hi - g0) // k)
                     v0 = (g0 - s) // k
                     vr.append((v0, v0 + c))
-                    ps.extend(range(pos + g0 - a, pos + g0 - a + c * k, k))
+                    segs.append((pos + g0 - a, c))
             pos += b - a
         if not vr:
             return None
         view_runs.append(tuple(vr))
-        positions.append(ps)
-    del shape
+        positions.append(segs)
+        steps.append(k)
     slices: list[Any] = []
     arithmetic = True
+    kept = iter(steps)
     for p in positions:
         if isinstance(p, int):
             slices.append(p)
             continue
-        step = p[1] - p[0] if len(p) > 1 else 1
-        if all(q - r == step for r, q in itertools.pairwise(p)):
-            slices.append(slice(p[0], p[-1] + 1, step))
-        else:
+        found = _progression(p, next(kept))
+        if found is None:
             arithmetic = False
             slices.append(None)
+        else:
+            slices.append(found)
     if arithmetic:
         return tuple(view_runs), tuple(slices)
-    kept = [p for p in positions if not isinstance(p, int)]
-    arrays = iter(np.ix_(*[np.asarray(p, dtype=np.int64) for p in kept]))
+    kept = iter(steps)
+    arrays = iter(np.ix_(*[_positions(p, next(kept)) for p in positions if not isinstance(p, int)]))
     return tuple(view_runs), tuple(p if isinstance(p, int) else next(arrays) for p in positions)
+
+
+def _progression(segs: list[tuple[int, int]], k: int) -> slice | None:
+    """The slice of the increasing positions ``first + i * k`` (``i < count``) of every
+    segment, concatenated, when they are one arithmetic progression; else None."""
+    diffs = {k} if any(c > 1 for _, c in segs) else set()
+    for (p0, c0), (p1, _) in itertools.pairwise(segs):
+        diffs.add(p1 - (p0 + (c0 - 1) * k))
+    if len(diffs) > 1:
+        return None
+    step = diffs.pop() if diffs else 1
+    last_first, last_count = segs[-1]
+    return slice(segs[0][0], last_first + (last_count - 1) * k + 1, step)
+
+
+def _positions(segs: list[tuple[int, int]], k: int) -> Any:
+    """Every position of the segments, as an int64 array."""
+    return np.concatenate([np.arange(p, p + c * k, k, dtype=np.int64) for p, c in segs])

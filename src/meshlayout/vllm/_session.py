@@ -22,6 +22,7 @@ Per update ``n`` (every trainer rank and every worker, over the sync group's sto
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import pickle
@@ -329,7 +330,28 @@ def dst_spec_for(shape: tuple[int, ...], boxes: Mapping[int, Box | None]) -> Sha
     ShardingSpec(global_shape=(10, 4), mesh=Mesh(shard=2, rep=1, ranks=range(2, 4)), placements=(Shard(dim=0), Replicate()))
     >>> dst_spec_for((10, 4), {2: ((0, 6), (0, 4)), 3: ((6, 10), (0, 4))}) is None
     True
+
+    Cached per ``(shape, boxes)``: a model repeats a few layouts over thousands of
+    names (per-expert MoE names), which then share one immutable spec.
     """
+    try:
+        key = (tuple(shape), tuple(sorted(boxes.items())))
+        hash(key)
+    except TypeError:  # unhashable boxes (lists): not cached
+        return _torch_style_spec(tuple(shape), boxes)
+    return _dst_spec_cached(*key)
+
+
+@functools.lru_cache(maxsize=1024)
+def _dst_spec_cached(
+    shape: tuple[int, ...], items: tuple[tuple[int, Box | None], ...]
+) -> ShardingSpec | None:
+    return _torch_style_spec(shape, dict(items))
+
+
+def _torch_style_spec(
+    shape: tuple[int, ...], boxes: Mapping[int, Box | None]
+) -> ShardingSpec | None:
     if any(b is None for b in boxes.values()) or not boxes:
         return None
     full = tuple((0, n) for n in shape)
