@@ -115,3 +115,45 @@ def test_random_views_of_random_shardings_arrive_exactly(seed: int) -> None:
     problems = [p for r in results for p in r.get("problems", [])]
     assert not problems, "\n".join(problems[:10])
     assert sum(len(r.get("received", [])) for r in results) >= len(all_cases)
+
+
+def _partial(rank: int, world: int) -> dict[str, Any]:
+    """Destinations holding only part of a tensor (rows [0, 3) and [3, 4) of 6) verify
+    against those elements alone; a corrupted one still fails."""
+    import torch
+
+    from meshlayout.sharding import RunsSpec
+    from meshlayout.torch import TransferVerificationError, WeightTransfer
+
+    full = _full((6, 4), "float32")
+    src_spec = ShardingSpec((6, 4), Mesh({"dp": 3}), [Shard(0)])
+    dst_spec = RunsSpec.from_boxes((6, 4), {4: ((0, 3), (0, 4)), 5: ((3, 4), (0, 4))})
+    src = {"w": (src_spec.shard(full, rank), src_spec)} if rank < 3 else None
+    dst = {"w": dst_spec} if rank >= 4 else None
+    if src is None and dst is None:
+        return {}
+    wt = WeightTransfer(src, dst, bucket_bytes=64, timeout=120)
+    got = wt.run(verify=True)
+    ok = all(torch.equal(t, dst_spec.shard(full, rank)) for t in got.values())
+    original = wt.unpack
+
+    def corrupt(index: int, recv: Any, outs: Any) -> None:
+        original(index, recv, outs)
+        for t in outs.values():
+            t.view(-1)[0] += 1
+
+    wt.unpack = corrupt  # type: ignore[method-assign]
+    try:
+        wt.run(verify=True)
+        caught = "no error"
+    except TransferVerificationError as exc:
+        caught = str(exc)
+    return {"ok": ok, "caught": caught}
+
+
+def test_a_destination_holding_part_of_a_tensor_verifies_on_that_part() -> None:
+    results = run_multiproc(_partial, WORLD, timeout=300, start_method="spawn")
+    for rank in (4, 5):
+        assert results[rank]["ok"], results[rank]
+    for rank in (0, 1, 2, 4, 5):
+        assert "destination pieces differ from the source for ['w']" in results[rank]["caught"]

@@ -49,6 +49,7 @@ Example (ranks 0-3 train with FSDP over TP, ranks 4-5 serve with TP)::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -57,7 +58,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ...sharding import ShardingSpec, TransferPlan, local_slices, pieces, run_boxes
+from ...sharding import ShardingSpec, TransferPlan, intersect, local_slices, pieces, run_boxes
 from ...sharding import transfer_plan as _transfer_plan
 from .. import _c10d
 from .._check import check_in_world
@@ -245,7 +246,7 @@ class WeightTransfer:
             self._bounded = Bounded(pg, self.members, self.timeout, "WeightTransfer")
         else:
             self._bounded = Bounded(group.pg, self.members, self.timeout, "WeightTransfer", group)
-        self._verify_info: dict[str, tuple[bool, int, int]] | None = None
+        self._verify_info: dict[str, _VerifyInfo] | None = None
         self._fingerprinter = Fingerprinter()
 
     # ------------------------------------------------------------------ run
@@ -350,19 +351,28 @@ class WeightTransfer:
         unpack_round(self._rounds[index], recv, outs)
 
     # ------------------------------------------------------------------ verify
-    def _verify_layout(self) -> dict[str, tuple[bool, int, int]]:
+    def _verify_layout(self) -> dict[str, _VerifyInfo]:
         """Per tensor: (this rank is the designated source holder, source holders per
-        piece, destination holders per piece)."""
+        piece, destination holders per piece, the destination's boxes when it covers only
+        part of the tensor, else None)."""
         if self._verify_info is None:
             info = {}
             for name in self.plan.names:
                 src_pieces = pieces(self.src_specs[name])
                 dst_pieces = pieces(self.dst_specs[name])
                 mine = next((p for p in src_pieces if self.rank in p.ranks), None)
+                numel = math.prod(self.src_specs[name].global_shape)
+                covered = sum(p.numel for p in dst_pieces)
+                part = (
+                    None
+                    if covered == numel
+                    else tuple(rb.box for p in dst_pieces for rb in p.run_boxes())
+                )
                 info[name] = (
                     mine is not None and mine.ranks[0] == self.rank,
                     len(src_pieces[0].ranks) if src_pieces else 1,
                     len(dst_pieces[0].ranks) if dst_pieces else 1,
+                    part,
                 )
             self._verify_info = info
         return self._verify_info
@@ -370,20 +380,28 @@ class WeightTransfer:
     def _verify(self, srcs: Mapping[str, torch.Tensor], outs: Mapping[str, torch.Tensor]) -> None:
         info = self._verify_layout()
         names = self.plan.names
-        sums = torch.zeros((len(names), 3, 4), dtype=torch.int64)
+        # per tensor: the designated source holder's fingerprint, every source holder's
+        # (replicas must agree), the destinations', and the designated holder's over
+        # the elements a destination that covers only part of the tensor holds
+        sums = torch.zeros((len(names), 4, 4), dtype=torch.int64)
         me = self.rank
         fp = self._fingerprinter
         for t, name in enumerate(names):
             shape = self.src_specs[name].global_shape
             dtype = self.dst_dtypes[name]
+            part = info[name][3]
             if name in srcs and me in self.src_specs[name].mesh:
-                h = 0
+                h = h_part = 0
                 for rb in run_boxes(self.src_specs[name], me):
                     h += fp.box(srcs[name][rb.local_slices()], rb.box, shape, dtype)
-                h &= MASK64
-                sums[t, 1] = torch.tensor(_limbs(h))
+                    for box in () if part is None or not info[name][0] else part:
+                        sub = intersect(rb.box, box)  # a destination holding only part
+                        if sub is not None:
+                            h_part += fp.box(srcs[name][rb.local_slices(sub)], sub, shape, dtype)
+                sums[t, 1] = torch.tensor(_limbs(h & MASK64))
                 if info[name][0]:
-                    sums[t, 0] = torch.tensor(_limbs(h))
+                    sums[t, 0] = torch.tensor(_limbs(h & MASK64))
+                    sums[t, 3] = torch.tensor(_limbs(h_part & MASK64))
             if name in outs:
                 h = 0
                 for rb in run_boxes(self.dst_specs[name], me):
@@ -394,11 +412,11 @@ class WeightTransfer:
         totals = reduced.cpu().tolist()
         wrong, replicas = [], []
         for t, name in enumerate(names):
-            a, b, c = (_unlimb(totals[t][k]) for k in range(3))
-            _, h_src, h_dst = info[name]
+            a, b, c, a_part = (_unlimb(totals[t][k]) for k in range(4))
+            _, h_src, h_dst, part = info[name]
             if b != (h_src * a) & MASK64:
                 replicas.append(name)
-            if c != (h_dst * a) & MASK64:
+            if c != (h_dst * (a if part is None else a_part)) & MASK64:
                 wrong.append(name)
         if wrong or replicas:
             parts = []
@@ -411,6 +429,9 @@ class WeightTransfer:
                 tensors=wrong,
                 replicas=replicas,
             )
+
+
+_VerifyInfo = tuple[bool, int, int, "tuple[tuple[tuple[int, int], ...], ...] | None"]
 
 
 def schedule(
