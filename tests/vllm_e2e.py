@@ -228,12 +228,17 @@ def _mismatch(engine: Any, model: Any) -> Any:
     naming it, before any byte moves."""
     import torch
 
+    bad = dict(model.named_parameters())
+    bad["model.layers.1.self_attn.q_proj.weight"] = torch.zeros(64, 128)
+    return expect_refusal(engine, bad, model)
+
+
+def expect_refusal(engine: Any, tensors: dict[str, Any], model: Any) -> str:
+    """Push ``tensors`` instead of ``model``'s: the error text of the refusal, or
+    "no error"; the engine's source is ``model`` again afterwards."""
     from meshlayout.vllm import ShardedSource
 
-    tensors = dict(model.named_parameters())
-    bad = dict(tensors)
-    bad["model.layers.1.self_attn.q_proj.weight"] = torch.zeros(64, 128)
-    engine.source = ShardedSource(bad)
+    engine.source = ShardedSource(tensors)
     try:
         engine.send_weights()
         return "no error"
@@ -241,6 +246,24 @@ def _mismatch(engine: Any, model: Any) -> Any:
         return str(exc)
     finally:
         engine.source = ShardedSource(model)
+
+
+def connect(rank: int, world: int, port: int, url: str, source: Any, **info: Any) -> Any:
+    """``trainer_init`` of the meshlayout backend against the ``vllm serve`` at ``url``
+    (rank 0 drives it through vLLM's HTTP client), 64 KiB buckets, 240 s timeout."""
+    from vllm.distributed.weight_transfer import (
+        HTTPVLLMWeightSyncClient,
+        WeightTransferTrainerFactory,
+    )
+
+    from meshlayout.vllm import MeshlayoutTrainerInitInfo
+
+    client = HTTPVLLMWeightSyncClient(url, timeout=600) if rank == 0 else None
+    options = {"bucket_bytes": 1 << 16, "timeout_s": 240.0, **info}
+    init = MeshlayoutTrainerInitInfo(
+        master_address="127.0.0.1", master_port=port, rank=rank, world_size=world, **options
+    )
+    return WeightTransferTrainerFactory.trainer_init(init, client=client, source=source)
 
 
 def generate_llm(llm: Any) -> list[tuple[list[int], list[float]]]:

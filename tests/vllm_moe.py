@@ -141,26 +141,10 @@ def titan_ep(model_dir: str) -> tuple[Any, Any, Any]:
 def trainer(
     rank: int, world: int, model_dir: str, port: int, url: str, kind: str
 ) -> dict[str, Any]:
-    from vllm.distributed.weight_transfer import (
-        HTTPVLLMWeightSyncClient,
-        WeightTransferTrainerFactory,
-    )
-
-    from meshlayout.vllm import MeshlayoutTrainerInitInfo, ShardedSource
+    from meshlayout.vllm import ShardedSource
 
     target, rename, full = {"hf_fsdp": hf_fsdp, "titan_ep": titan_ep}[kind](model_dir)
-    client = HTTPVLLMWeightSyncClient(url, timeout=600) if rank == 0 else None
-    info = MeshlayoutTrainerInitInfo(
-        master_address="127.0.0.1",
-        master_port=port,
-        rank=rank,
-        world_size=world,
-        bucket_bytes=1 << 16,
-        timeout_s=240.0,
-    )
-    engine = WeightTransferTrainerFactory.trainer_init(
-        info, client=client, source=ShardedSource(target, rename=rename)
-    )
+    engine = e2e.connect(rank, world, port, url, ShardedSource(target, rename=rename))
     out: dict[str, Any] = {"full": [], "generated": [], "stats": []}
     tensors = target.parameters() if hasattr(target, "parameters") else target.values()
     tensors = list(tensors)

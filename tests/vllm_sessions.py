@@ -71,19 +71,6 @@ def _stall_before(group: int, seconds: float) -> None:
     WeightTransfer.run = stalled  # type: ignore[method-assign]
 
 
-def _expect_refusal(engine: Any, tensors: dict[str, Any], model: Any) -> str:
-    from meshlayout.vllm import ShardedSource
-
-    engine.source = ShardedSource(tensors)
-    try:
-        engine.send_weights()
-        return "no error"
-    except ValueError as exc:
-        return str(exc)
-    finally:
-        engine.source = ShardedSource(model)
-
-
 def session(
     rank: int,
     world: int,
@@ -96,27 +83,13 @@ def session(
     verify: bool = False,
 ) -> dict[str, Any]:
     import torch
-    from vllm.distributed.weight_transfer import (
-        HTTPVLLMWeightSyncClient,
-        WeightTransferTrainerFactory,
-    )
 
-    from meshlayout.vllm import MeshlayoutTrainerInitInfo, ShardedSource
+    from meshlayout.vllm import ShardedSource
 
     model = _model(model_dir, meshes)
     out: dict[str, Any] = {"full": [], "generated": [], "stats": [], "refusals": [], "errors": []}
-    client = HTTPVLLMWeightSyncClient(url, timeout=600) if rank == 0 else None
-    info = MeshlayoutTrainerInitInfo(
-        master_address="127.0.0.1",
-        master_port=port,
-        rank=rank,
-        world_size=world,
-        bucket_bytes=1 << 16,
-        verify=verify,
-        timeout_s=timeout_s,
-    )
-    engine = WeightTransferTrainerFactory.trainer_init(
-        info, client=client, source=ShardedSource(model)
+    engine = e2e.connect(
+        rank, world, port, url, ShardedSource(model), verify=verify, timeout_s=timeout_s
     )
     if rank == 0:
         out["before"] = e2e.generate_http(url, model_dir, e2e.QWEN2_PROMPTS)
@@ -138,7 +111,7 @@ def session(
                 del tensors[action[1]]
             else:
                 tensors[action[1]] = torch.zeros(action[2])
-            out["refusals"].append(_expect_refusal(engine, tensors, model))
+            out["refusals"].append(e2e.expect_refusal(engine, tensors, model))
         elif kind == "stall":
             _, who, group = action
             for p in model.parameters():
